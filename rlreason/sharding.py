@@ -1,0 +1,141 @@
+"""Device mesh, logical-axis rule tables, and shardings for pytrees.
+
+The mesh has three axes, ('data', 'fsdp', 'tensor'). Arrays name their dimensions with
+logical axes ('vocab', 'embed', 'heads', 'kv_heads', 'head_dim', 'mlp', 'norm' for
+parameters; 'batch', 'seq' for activations); a rule table maps each logical axis to mesh
+axes. Training shards weights over fsdp and tensor; sampling keeps weights whole across
+fsdp (no per-token all-gathers in the decode loop) and splits only over tensor.
+
+A dimension that a mesh axis does not divide stays unsharded on that axis (a model with
+2 kv heads on a tensor axis of 4 replicates its k/v projections) rather than failing:
+correctness first, and `describe` shows what happened.
+"""
+
+from collections.abc import Mapping, Sequence
+import math
+
+import jax
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ('data', 'fsdp', 'tensor')
+
+Rules = tuple[tuple[str, tuple[str, ...]], ...]
+
+TRAIN_RULES: Rules = (
+    ('batch', ('data', 'fsdp')),
+    ('vocab', ('tensor',)),
+    ('embed', ('fsdp',)),
+    ('heads', ('tensor',)),
+    ('kv_heads', ('tensor',)),
+    ('mlp', ('tensor',)),
+    ('head_dim', ()),
+    ('norm', ()),
+    ('seq', ()),
+)
+
+SAMPLE_RULES: Rules = (
+    ('batch', ('data', 'fsdp')),
+    ('vocab', ('tensor',)),
+    ('embed', ()),
+    ('heads', ('tensor',)),
+    ('kv_heads', ('tensor',)),
+    ('mlp', ('tensor',)),
+    ('head_dim', ()),
+    ('norm', ()),
+    ('seq', ()),
+)
+
+
+def mesh_shape(sizes: Mapping[str, int] | Sequence[int], num_devices: int) -> tuple[int, ...]:
+  """Fills in the one -1 among the ('data', 'fsdp', 'tensor') sizes and checks the product."""
+  if isinstance(sizes, Mapping):
+    unknown = set(sizes) - set(MESH_AXES)
+    if unknown:
+      raise ValueError(f'mesh: unknown axes {sorted(unknown)}; known: {MESH_AXES}.')
+    sizes = [sizes.get(a, 1) for a in MESH_AXES]
+  sizes = list(sizes)
+  if len(sizes) != len(MESH_AXES):
+    raise ValueError(f'mesh: need {len(MESH_AXES)} sizes for {MESH_AXES}, got {sizes}.')
+  if sizes.count(-1) > 1:
+    raise ValueError(f'mesh: at most one size may be -1, got {dict(zip(MESH_AXES, sizes))}.')
+  if any(s == 0 or s < -1 for s in sizes):
+    raise ValueError(f'mesh: sizes must be positive or -1, got {dict(zip(MESH_AXES, sizes))}.')
+  known = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes:
+    if num_devices % known:
+      raise ValueError(f'mesh: {num_devices} devices are not divisible by the fixed sizes '
+                       f'{dict(zip(MESH_AXES, sizes))} (product {known}).')
+    sizes[sizes.index(-1)] = num_devices // known
+  if math.prod(sizes) != num_devices:
+    raise ValueError(f'mesh: sizes {dict(zip(MESH_AXES, sizes))} multiply to '
+                     f'{math.prod(sizes)}, but there are {num_devices} devices.')
+  return tuple(sizes)
+
+
+def make_mesh(sizes: Mapping[str, int] | Sequence[int] = (1, -1, 1), devices=None) -> Mesh:
+  """A ('data', 'fsdp', 'tensor') mesh with classic (Auto) sharding propagation."""
+  devices = jax.devices() if devices is None else list(devices)
+  shape = mesh_shape(sizes, len(devices))
+  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
+                       devices=devices)
+
+
+def logical_to_spec(axes: Sequence[str | None], rules: Rules, mesh: Mesh | None = None,
+                    shape: Sequence[int] | None = None) -> PartitionSpec:
+  """PartitionSpec for an array whose dimensions have these logical names.
+
+  With `mesh` and `shape`, mesh axes that do not divide the dimension are dropped, and a
+  mesh axis is used by at most one dimension (the first that asks for it).
+  """
+  table = dict(rules)
+  used: set[str] = set()
+  spec = []
+  for i, name in enumerate(axes):
+    if name is None:
+      spec.append(None)
+      continue
+    if name not in table:
+      raise ValueError(f'logical axis {name!r} has no rule; rules cover {sorted(table)}.')
+    chosen = []
+    for mesh_axis in table[name]:
+      if mesh_axis in used:
+        continue
+      if mesh is not None and shape is not None:
+        size = mesh.shape[mesh_axis] * math.prod(mesh.shape[a] for a in chosen)
+        if shape[i] % size:
+          continue
+      chosen.append(mesh_axis)
+    used.update(chosen)
+    spec.append(tuple(chosen) if len(chosen) > 1 else (chosen[0] if chosen else None))
+  return PartitionSpec(*spec)
+
+
+def tree_shardings(abstract_tree, axes_tree, mesh: Mesh, rules: Rules):
+  """NamedShardings for every leaf of `abstract_tree` (anything with .shape)."""
+  return jax.tree.map(
+      lambda x, axes: NamedSharding(mesh, logical_to_spec(axes, rules, mesh, x.shape)),
+      abstract_tree, axes_tree, is_leaf=lambda x: isinstance(x, tuple))
+
+
+def param_shardings(cfg, mesh: Mesh, rules: Rules):
+  """Shardings for the params of a model.ModelConfig under a rule table."""
+  from rlreason import model  # Local: keeps this module importable without flax for launch/.
+  return tree_shardings(model.abstract_params(cfg), model.param_axes(cfg), mesh, rules)
+
+
+def data_sharding(mesh: Mesh, ndim: int, rules: Rules = TRAIN_RULES) -> NamedSharding:
+  """Rows over the batch axes, every other dimension whole."""
+  return NamedSharding(mesh, logical_to_spec(('batch',) + (None,) * (ndim - 1), rules))
+
+
+def reshard(tree, shardings, *, donate: bool = False):
+  """Moves a pytree into new shardings (e.g. TRAIN -> SAMPLE layout) in one jitted copy."""
+  if donate:
+    return jax.jit(lambda t: t, out_shardings=shardings, donate_argnums=0)(tree)
+  return jax.device_put(tree, shardings)
+
+
+def describe(shardings_tree) -> str:
+  """One line per leaf: its path and PartitionSpec, for logs and debugging."""
+  flat = jax.tree_util.tree_flatten_with_path(shardings_tree)[0]
+  return '\n'.join(f'{jax.tree_util.keystr(path)}: {s.spec}' for path, s in flat)

@@ -1,0 +1,46 @@
+"""rlreason: RL of language models on verifiable reasoning tasks, in JAX."""
+
+import setuptools
+
+# Pinned to versions that resolve together on a CPU machine with Python 3.11 (Nov 2026).
+INSTALL_REQUIRES = [
+    'absl-py==2.5.1',
+    'chex==0.1.92',
+    'flax==0.12.8',
+    'grain==0.2.18',
+    'jax==0.10.2',
+    'jaxlib==0.10.2',
+    'jinja2==3.1.6',
+    'ml-collections==1.1.0',
+    'numpy==2.4.6',
+    'optax==0.2.8',
+    'orbax-checkpoint==0.12.8',
+    'safetensors==0.8.0',
+    'sentencepiece==0.2.3',
+    'tensorflow-datasets==4.9.10',
+    'tokenizers==0.23.3',
+]
+
+EXTRAS_REQUIRE = {
+    # The parity stack: transformers' PyTorch models are the reference the tests compare to.
+    # torch is pinned to the CPU wheel; an unpinned torch pulls a multi-GB CUDA build.
+    'test': [
+        'pytest==9.2.0',
+        'pytest-xdist==3.8.0',
+        'torch==2.13.0',
+        'transformers==5.24.0',
+    ],
+    'launch': ['xmanager==0.8.5.post1'],
+    'colab': ['matplotlib==3.11.2', 'nbclient==0.11.0', 'nbformat==5.11.1', 'ipykernel==7.4.0'],
+}
+
+setuptools.setup(
+    name='rlreason',
+    version='0.1.0',
+    description='Reinforcement learning of language models on verifiable reasoning tasks, in JAX.',
+    license='Apache-2.0',
+    python_requires='>=3.11',
+    packages=setuptools.find_packages(include=['rlreason', 'rlreason.*']),
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS_REQUIRE,
+)

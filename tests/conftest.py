@@ -1,0 +1,22 @@
+"""Test set-up: 8 fake CPU devices and the persistent compilation cache.
+
+XLA reads its flags once, when JAX first creates a backend, so this runs before any test
+module imports jax.
+"""
+
+import os
+import pathlib
+
+os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
+                           ' --xla_force_host_platform_device_count=8').strip()
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+import jax  # noqa: E402  (must come after XLA_FLAGS)
+
+_CACHE = pathlib.Path(os.environ.get('RLREASON_JAX_CACHE',
+                                     pathlib.Path(__file__).resolve().parents[1] / '.jax_cache'))
+jax.config.update('jax_compilation_cache_dir', str(_CACHE))
+jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
+jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
+
+SHARED_DATA = pathlib.Path(__file__).resolve().parents[2] / 'shared' / 'data'

@@ -13,6 +13,7 @@ correctness first, and `describe` shows what happened.
 
 from collections.abc import Mapping, Sequence
 import math
+import warnings
 
 import jax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
@@ -131,7 +132,11 @@ def data_sharding(mesh: Mesh, ndim: int, rules: Rules = TRAIN_RULES) -> NamedSha
 def reshard(tree, shardings, *, donate: bool = False):
   """Moves a pytree into new shardings (e.g. TRAIN -> SAMPLE layout) in one jitted copy."""
   if donate:
-    return jax.jit(lambda t: t, out_shardings=shardings, donate_argnums=0)(tree)
+    # Donation frees the old layout's buffers as soon as the copy exists; XLA warns that it
+    # cannot reuse them in place when per-device shapes differ, which is expected here.
+    with warnings.catch_warnings():
+      warnings.filterwarnings('ignore', message='Some donated buffers were not usable')
+      return jax.jit(lambda t: t, out_shardings=shardings, donate_argnums=0)(tree)
   return jax.device_put(tree, shardings)
 
 

@@ -4,12 +4,11 @@
 
 Builds a small Qwen2-style model sharded over every local device, exports it as a Hugging
 Face checkpoint and loads it back (weights.py), samples G continuations per prompt with the
-explicit KV cache (prefill once, repeat the cache G times, a while_loop decode that stops when
-every row has emitted EOS), then takes one AdamW train step on the sampled sequences, and
-prints throughput for each phase. Runtime on a 2-core CPU: under a minute.
+sampler (prefill once, repeat the cache G times, a while_loop decode that stops when every
+row has emitted EOS), then takes one AdamW train step on the sampled sequences, and prints
+throughput for each phase. Runtime on a 2-core CPU: under a minute.
 
-The RL trainer replaces this demo with `python -m rlreason.main` once it lands; the decode
-loop here is deliberately minimal (temperature only) and is not the product's sampler.
+The RL trainer replaces this demo with `python -m rlreason.main` once it lands.
 """
 
 import argparse
@@ -22,36 +21,10 @@ import jax.numpy as jnp
 import optax
 
 from rlreason import model
+from rlreason import sampler
 from rlreason import sharding
 from rlreason import weights
-
-
-def sample(params, prompts_BxP, *, cfg, group, new_tokens, eos_id, temperature, rng):
-  """Prefill B prompts once, repeat the cache G times, decode until all rows hit EOS."""
-  b, p = prompts_BxP.shape
-  cache = model.init_cache(cfg, b, p + new_tokens)
-  logits_BxPxV, cache = model.apply(params, prompts_BxP, cfg=cfg, cache=cache)
-  repeat = lambda x: jnp.repeat(x, group, axis=0) if x.ndim else x
-  cache = jax.tree.map(repeat, cache)
-  last_NxV = repeat(logits_BxPxV[:, -1])
-  n = b * group
-
-  def cond(state):
-    i, _, done_N, *_ = state
-    return (i < new_tokens) & ~jnp.all(done_N)
-
-  def body(state):
-    i, cache, done_N, last_NxV, out_NxL = state
-    tok_N = jax.random.categorical(jax.random.fold_in(rng, i), last_NxV / temperature)
-    tok_N = jnp.where(done_N, eos_id, tok_N)
-    out_NxL = out_NxL.at[:, i].set(tok_N)
-    logits, cache = model.apply(params, tok_N[:, None], cfg=cfg, cache=cache)
-    return i + 1, cache, done_N | (tok_N == eos_id), logits[:, 0], out_NxL
-
-  init = (jnp.int32(0), cache, jnp.zeros(n, bool), last_NxV,
-          jnp.full((n, new_tokens), eos_id, jnp.int32))
-  steps, _, _, _, out_NxL = jax.lax.while_loop(cond, body, init)
-  return out_NxL, steps
+from rlreason.structs import Prompts
 
 
 def train_step(params, opt_state, tokens_NxT, *, cfg, optimizer):
@@ -98,23 +71,29 @@ def main():
   prompts = jax.random.randint(rng, (args.batch, args.prompt_len), 1, cfg.vocab_size)
   sample_params = sharding.reshard(params, sharding.param_shardings(
       cfg, mesh, sharding.SAMPLE_RULES))
-  sample_fn = jax.jit(lambda p, x, r: sample(
-      p, x, cfg=cfg, group=args.group, new_tokens=args.new_tokens, eos_id=0, temperature=1.0,
-      rng=r))
+  prompts = Prompts(tokens_BxP=prompts, mask_BxP=jnp.ones(prompts.shape, bool))
+  generate = lambda r: sampler.generate(
+      sample_params, prompts, cfg=cfg, group_size=args.group, max_new_tokens=args.new_tokens,
+      temperature=1.0, top_p=0.95, stop_tokens=(0,), rng=r, mesh=mesh)
   with jax.set_mesh(mesh):
-    jax.block_until_ready(sample_fn(sample_params, prompts, rng))  # Compile.
+    jax.block_until_ready(generate(rng))  # Compile.
     t0 = time.perf_counter()
-    completions, steps = jax.block_until_ready(sample_fn(sample_params, prompts, rng))
+    rollout = jax.block_until_ready(generate(jax.random.fold_in(rng, 1)))
     dt = time.perf_counter() - t0
-  n = args.batch * args.group
-  print(f'sampled {n} rows x {int(steps)} steps in {dt:.2f}s: {n * int(steps) / dt:,.0f} tok/s')
+  stats = {k: f'{float(v):.3f}' for k, v in sampler.metrics(rollout).items()}
+  tokens = int(rollout.lengths_N.sum())
+  print(f'sampled {rollout.tokens_NxL.shape[0]} rows, {tokens} tokens in {dt:.2f}s: '
+        f'{tokens / dt:,.0f} tok/s; {stats}')
 
   optimizer = optax.adamw(1e-3)
-  seqs = jnp.concatenate([jnp.repeat(prompts, args.group, 0), completions], axis=1)
-  step = jax.jit(lambda p, o, t: train_step(p, o, t, cfg=cfg, optimizer=optimizer),
-                 donate_argnums=(0, 1))
+  seqs, _ = sampler.sequences(rollout)
   with jax.set_mesh(mesh):
     opt_state = optimizer.init(params)
+    # Outputs keep the inputs' layouts, so the donated buffers are reused and step 2 does not
+    # recompile for new input shardings.
+    state_shardings = jax.tree.map(lambda x: x.sharding, (params, opt_state))
+    step = jax.jit(lambda p, o, t: train_step(p, o, t, cfg=cfg, optimizer=optimizer),
+                   out_shardings=(*state_shardings, None), donate_argnums=(0, 1))
     params, opt_state, loss0 = step(params, opt_state, seqs)
     t0 = time.perf_counter()
     params, opt_state, loss1 = jax.block_until_ready(step(params, opt_state, seqs))

@@ -124,9 +124,10 @@ def param_shardings(cfg, mesh: Mesh, rules: Rules):
   return tree_shardings(model.abstract_params(cfg), model.param_axes(cfg), mesh, rules)
 
 
-def data_sharding(mesh: Mesh, ndim: int, rules: Rules = TRAIN_RULES) -> NamedSharding:
-  """Rows over the batch axes, every other dimension whole."""
-  return NamedSharding(mesh, logical_to_spec(('batch',) + (None,) * (ndim - 1), rules))
+def data_sharding(mesh: Mesh, shape: Sequence[int], rules: Rules = TRAIN_RULES) -> NamedSharding:
+  """Rows over the batch axes (those that divide the row count), other dimensions whole."""
+  return NamedSharding(mesh, logical_to_spec(('batch',) + (None,) * (len(shape) - 1), rules,
+                                             mesh, shape))
 
 
 def reshard(tree, shardings, *, donate: bool = False):

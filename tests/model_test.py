@@ -90,7 +90,7 @@ def test_sharded_forward_equals_single_device(params, rules):
   tokens = _tokens(4, 9)
   with jax.set_mesh(mesh):
     sharded = jax.device_put(params, shardings)
-    tokens_sharded = jax.device_put(tokens, sharding.data_sharding(mesh, 2, rules))
+    tokens_sharded = jax.device_put(tokens, sharding.data_sharding(mesh, tokens.shape, rules))
     logits = jax.jit(_forward)(sharded, tokens_sharded)
   assert sharded['layers']['0']['mlp']['gate'].sharding.spec == jax.P(*(
       ('fsdp', 'tensor') if rules is sharding.TRAIN_RULES else (None, 'tensor')))

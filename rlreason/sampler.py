@@ -1,0 +1,314 @@
+"""Grouped rollouts: prefill each prompt once, repeat its cache G times, decode in a while_loop.
+
+  rollout = sampler.generate(params, prompts, cfg=cfg, group_size=8, max_new_tokens=256,
+                             temperature=1.0, stop_tokens=(eos,), rng=key)
+
+Rows are prompt-major (row n = b*G + g). The behaviour policy is recorded exactly: for each
+sampled token, its log-prob under the distribution actually sampled from (temperature, then
+top-k, then top-p, renormalised) and under the plain tempered softmax. The learner uses the
+plain tempered log-probs (`Rollout.logprobs_NxL`): it recomputes exactly that quantity with
+teacher forcing, so the first-epoch ratio is 1 up to numerics and PPO-style clipping measures
+policy change only. Truncation (top-k/top-p) makes sampling slightly off-policy with respect
+to that; `metrics(rollout)` reports the gap (mean behaviour minus plain log-prob, >= 0).
+
+Shapes are static per (bucketed prompt length, prefix length, G, max_new_tokens, top-k,
+top-p, stop set, cache dtype), so a training run compiles once per bucket. Temperature is
+traced (changing it does not recompile), except that temperature 0 selects greedy decoding.
+
+Deliberately not here: tokenisation and bucketing (`prepare_prompts` wraps tokenizer.pad_left),
+beam search, speculative decoding, a paged cache.
+"""
+
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlreason import model
+from rlreason import sharding
+from rlreason import tokenizer
+from rlreason.structs import Prefixes, Prompts, Rollout
+
+
+def prepare_prompts(token_lists: Sequence[Sequence[int]], *, buckets: Sequence[int],
+                    pad_id: int = 0) -> Prompts:
+  """Left-pads host token lists to the smallest bucket that fits (errors name the row)."""
+  tokens_BxP, mask_BxP = tokenizer.pad_left(token_lists, buckets=buckets, pad_id=pad_id)
+  return Prompts(tokens_BxP=jnp.asarray(tokens_BxP), mask_BxP=jnp.asarray(mask_BxP))
+
+
+def memory_estimate(cfg: model.ModelConfig, *, batch: int, group_size: int, prompt_len: int,
+                    max_new_tokens: int, prefix_len: int = 0, cache_dtype=None,
+                    num_devices: int = 1) -> dict[str, int]:
+  """Bytes per device of the sampler's large buffers (params assumed replicated per device
+  except for the tensor-parallel split, which callers fold into num_devices)."""
+  n = batch * group_size
+  size = prompt_len + prefix_len + max_new_tokens
+  cache_bytes = np.dtype(cache_dtype or cfg.compute_dtype).itemsize
+  param_bytes = np.dtype(cfg.param_dtype).itemsize
+  kv = 2 * cfg.num_layers * n * size * cfg.num_kv_heads * cfg.head_dim * cache_bytes
+  est = {
+      'params': cfg.num_params() * param_bytes,
+      'kv_cache': kv,
+      # Prefill keeps one layer's activations plus its attention scores alive at a time.
+      'prefill_activations': batch * prompt_len * (4 * cfg.hidden_size + 2 * cfg.intermediate_size
+                                                   + cfg.num_heads * prompt_len) * 4,
+      'decode_logits': 3 * n * cfg.vocab_size * 4,
+      'outputs': n * (prefix_len + max_new_tokens) * 4 * 4,
+  }
+  est = {k: -(-v // num_devices) for k, v in est.items()}
+  est['total'] = sum(est.values())
+  return est
+
+
+def _validate(prompts, cfg, group_size, max_new_tokens, temperature, top_k, top_p,
+              stop_tokens, prefixes):
+  if group_size < 1:
+    raise ValueError(f'group_size must be >= 1, got {group_size}.')
+  if max_new_tokens <= 0:
+    raise ValueError(f'max_new_tokens must be > 0, got {max_new_tokens}.')
+  if not temperature >= 0:
+    raise ValueError(f'temperature must be >= 0, got {temperature}.')
+  if not 0 < top_p <= 1:
+    raise ValueError(f'top_p must be in (0, 1], got {top_p}.')
+  if not 0 <= top_k <= cfg.vocab_size:
+    raise ValueError(f'top_k must be in [0, vocab_size={cfg.vocab_size}], got {top_k}.')
+  bad = [t for t in stop_tokens if not 0 <= t < cfg.vocab_size]
+  if bad:
+    raise ValueError(f'stop_tokens {bad} are outside the vocabulary [0, {cfg.vocab_size}).')
+  if prompts.tokens_BxP.ndim != 2 or prompts.tokens_BxP.shape != prompts.mask_BxP.shape:
+    raise ValueError(f'prompts: tokens {prompts.tokens_BxP.shape} and mask '
+                     f'{prompts.mask_BxP.shape} must be equal 2-D shapes.')
+  lengths = np.asarray(prompts.mask_BxP).sum(axis=1)
+  if (lengths == 0).any():
+    raise ValueError(f'prompts: rows {np.flatnonzero(lengths == 0).tolist()} are empty.')
+  if not np.asarray(prompts.mask_BxP)[:, -1].all():
+    raise ValueError('prompts must be left-padded: every row ends with a real token.')
+  if prefixes is not None:
+    n = prompts.tokens_BxP.shape[0] * group_size
+    if prefixes.tokens_NxQ.shape[0] != n:
+      raise ValueError(f'prefixes: {prefixes.tokens_NxQ.shape[0]} rows, expected B*G = {n}.')
+    mask = np.asarray(prefixes.mask_NxQ)
+    if (np.diff(mask.astype(int), axis=1) > 0).any():
+      raise ValueError('prefixes must be right-padded: a row has a gap before a real token.')
+
+
+def generate(params, prompts: Prompts, *, cfg: model.ModelConfig, group_size: int,
+             max_new_tokens: int, rng: jax.Array, temperature: float = 1.0, top_k: int = 0,
+             top_p: float = 1.0, stop_tokens: Sequence[int] = (), pad_id: int = 0,
+             prefixes: Prefixes | None = None, cache_dtype: str | None = None,
+             mesh: jax.sharding.Mesh | None = None,
+             memory_budget_bytes: int | None = None) -> Rollout:
+  """Samples G completions for each of B prompts.
+
+  Args:
+    params: model parameters (in SAMPLE_RULES shardings when `mesh` is given).
+    prompts: left-padded Prompts (see prepare_prompts).
+    cfg: the model architecture.
+    group_size: G, samples per prompt.
+    max_new_tokens: tokens sampled per row after its prefix.
+    rng: a PRNG key; the same key gives the same rollout.
+    temperature: 0 for greedy decoding.
+    top_k: keep the k most likely tokens (0 keeps all).
+    top_p: keep the smallest set of most likely tokens with mass >= top_p.
+    stop_tokens: a row finishes after sampling one of these (included in its mask).
+    pad_id: written after a row finishes.
+    prefixes: optional per-row continuations of the prompt, fed before sampling starts.
+    cache_dtype: KV cache dtype (default: cfg.compute_dtype); 'bfloat16' halves its memory.
+    mesh: shard rows over the batch axes of this mesh.
+    memory_budget_bytes: fail before compiling if memory_estimate exceeds this per device.
+  """
+  _validate(prompts, cfg, group_size, max_new_tokens, temperature, top_k, top_p, stop_tokens,
+            prefixes)
+  b, p = prompts.tokens_BxP.shape
+  q = 0 if prefixes is None else prefixes.tokens_NxQ.shape[1]
+  if memory_budget_bytes is not None:
+    est = memory_estimate(cfg, batch=b, group_size=group_size, prompt_len=p,
+                          max_new_tokens=max_new_tokens, prefix_len=q, cache_dtype=cache_dtype,
+                          num_devices=1 if mesh is None else mesh.size)
+    if est['total'] > memory_budget_bytes:
+      parts = ', '.join(f'{k}={v / 2**20:.1f} MiB' for k, v in est.items())
+      raise ValueError(f'sampler memory estimate exceeds memory_budget_bytes='
+                       f'{memory_budget_bytes / 2**20:.1f} MiB per device: {parts}. Reduce '
+                       f'batch, group_size, max_new_tokens, or use cache_dtype="bfloat16".')
+  if prefixes is not None and prefixes.logprobs_NxQ is None:
+    prefixes = prefixes.replace(logprobs_NxQ=jnp.full(prefixes.tokens_NxQ.shape, jnp.nan))
+  if mesh is not None:
+    # Fixed input layouts: an array made under `jax.set_mesh` and one made outside it differ
+    # in sharding, and would otherwise compile the sampler twice.
+    rows = lambda x: jax.device_put(x, sharding.data_sharding(mesh, x.shape, sharding.SAMPLE_RULES))
+    prompts, prefixes = jax.tree.map(rows, (prompts, prefixes))
+    rng = jax.device_put(rng, jax.sharding.NamedSharding(mesh, jax.P()))
+  fn = _generate_fn(cfg, group_size, max_new_tokens, temperature == 0, int(top_k), float(top_p),
+                    tuple(int(t) for t in stop_tokens), int(pad_id), cache_dtype, mesh)
+  return fn(params, prompts, prefixes, jnp.float32(max(temperature, 1e-6)), rng)
+
+
+@functools.lru_cache(maxsize=32)
+def _generate_fn(cfg, group_size, max_new_tokens, greedy, top_k, top_p, stop_tokens, pad_id,
+                 cache_dtype, mesh):
+  return jax.jit(functools.partial(
+      _generate, cfg=cfg, group_size=group_size, max_new_tokens=max_new_tokens, greedy=greedy,
+      top_k=top_k, top_p=top_p, stop_tokens=stop_tokens, pad_id=pad_id, cache_dtype=cache_dtype,
+      mesh=mesh))
+
+
+def truncate_logits(logits_NxV, *, top_k: int, top_p: float):
+  """Sets logits outside the top-k / top-p support to -inf (applied in that order, as HF)."""
+  v = logits_NxV.shape[-1]
+  if top_k and top_k < v:
+    _, idx_NxK = jax.lax.top_k(logits_NxV, top_k)
+    keep = jnp.zeros(logits_NxV.shape, bool).at[
+        jnp.arange(logits_NxV.shape[0])[:, None], idx_NxK].set(True)
+    logits_NxV = jnp.where(keep, logits_NxV, -jnp.inf)
+  if top_p < 1.0:
+    # Token i stays iff the mass of tokens strictly more likely than it is < top_p. That set
+    # is {p_i >= t} for a threshold t, found exactly by bisection over the float bit patterns
+    # (monotone for non-negative floats): 31 masked sums instead of a vocabulary sort, which
+    # is ~50x slower on CPU at V = 8k.
+    probs_NxV = jax.nn.softmax(logits_NxV, axis=-1)
+    bits_NxV = jax.lax.bitcast_convert_type(probs_NxV, jnp.int32)
+
+    def bisect(_, bounds):
+      lo_N, hi_N = bounds
+      mid_N = lo_N + (hi_N - lo_N) // 2
+      above_N = jnp.sum(jnp.where(bits_NxV > mid_N[:, None], probs_NxV, 0.0), axis=-1)
+      ok_N = above_N < top_p
+      return jnp.where(ok_N, lo_N, mid_N + 1), jnp.where(ok_N, mid_N, hi_N)
+
+    one = jax.lax.bitcast_convert_type(jnp.float32(1.0), jnp.int32)
+    n = logits_NxV.shape[0]
+    _, threshold_N = jax.lax.fori_loop(
+        0, 31, bisect, (jnp.zeros((n,), jnp.int32), jnp.full((n,), one + 1, jnp.int32)))
+    logits_NxV = jnp.where(bits_NxV >= threshold_N[:, None], logits_NxV, -jnp.inf)
+  return logits_NxV
+
+
+def _token_logprob(logits_NxV, tok_N):
+  return jnp.take_along_axis(jax.nn.log_softmax(logits_NxV, axis=-1), tok_N[:, None], -1)[:, 0]
+
+
+def _generate(params, prompts, prefixes, temperature, rng, *, cfg, group_size, max_new_tokens,
+              greedy, top_k, top_p, stop_tokens, pad_id, cache_dtype, mesh):
+  b, p = prompts.tokens_BxP.shape
+  n = b * group_size
+  q = 0 if prefixes is None else prefixes.tokens_NxQ.shape[1]
+  size, length = p + q + max_new_tokens, q + max_new_tokens
+
+  def on_rows(x):  # Rows over the mesh's batch axes; everything else whole.
+    if mesh is None or x.ndim == 0:
+      return x
+    spec = sharding.logical_to_spec(('batch',) + (None,) * (x.ndim - 1), sharding.SAMPLE_RULES,
+                                    mesh, x.shape)
+    return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
+
+  # Prefill each prompt once, then repeat its cache G times (prompt-major rows).
+  cache = model.init_cache(cfg, b, size, cache_dtype)
+  h_BxPxD, cache = model.apply(params, prompts.tokens_BxP, cfg=cfg, mask_NxT=prompts.mask_BxP,
+                               cache=cache, return_hidden=True)
+  logits_BxV = model.logits_from_hidden(params, h_BxPxD[:, -1:], cfg=cfg)[:, 0]
+  repeat = lambda x: on_rows(jnp.repeat(x, group_size, axis=0)) if x.ndim else x
+  cache = jax.tree.map(repeat, cache)
+  logits_NxV = repeat(logits_BxV)
+  tempered = lambda lg: lg / temperature if not greedy else lg
+
+  tokens_NxL = jnp.full((n, length), pad_id, jnp.int32)
+  logp_NxL = jnp.zeros((n, length), jnp.float32)
+  blogp_NxL = jnp.zeros((n, length), jnp.float32)
+  prefix_mask_NxL = jnp.zeros((n, length), bool)
+  q_N = jnp.zeros((n,), jnp.int32)
+  if prefixes is not None:
+    # Feed all prefixes in one call; right padding leaves masked (ignored) cache slots.
+    pmask_NxQ = prefixes.mask_NxQ.astype(bool)
+    q_N = pmask_NxQ.sum(axis=1, dtype=jnp.int32)
+    h_NxQxD, cache = model.apply(params, prefixes.tokens_NxQ, cfg=cfg, mask_NxT=pmask_NxQ,
+                                 cache=cache, return_hidden=True)
+    # Log-prob of prefix token j comes from the logits before it, one position at a time so
+    # the NxQxV logits never exist at once.
+    def prefix_logprob(prev_logits_NxV, xs):
+      tok_N, h_NxD = xs
+      nxt_NxV = model.logits_from_hidden(params, h_NxD[:, None], cfg=cfg)[:, 0]
+      return nxt_NxV, _token_logprob(tempered(prev_logits_NxV), tok_N)
+
+    _, lp_QxN = jax.lax.scan(prefix_logprob, logits_NxV,
+                             (prefixes.tokens_NxQ.T, jnp.swapaxes(h_NxQxD, 0, 1)))
+    lp_NxQ = jnp.where(pmask_NxQ, lp_QxN.T, 0.0)
+    recorded = jnp.where(jnp.isnan(prefixes.logprobs_NxQ), lp_NxQ, prefixes.logprobs_NxQ)
+    tokens_NxL = tokens_NxL.at[:, :q].set(jnp.where(pmask_NxQ, prefixes.tokens_NxQ, pad_id))
+    logp_NxL = logp_NxL.at[:, :q].set(lp_NxQ)
+    blogp_NxL = blogp_NxL.at[:, :q].set(jnp.where(pmask_NxQ, recorded, 0.0))
+    prefix_mask_NxL = prefix_mask_NxL.at[:, :q].set(pmask_NxQ)
+    # Each row continues from the logits after its own last prefix token.
+    last_N = jnp.maximum(q_N - 1, 0)
+    h_last_NxD = jnp.take_along_axis(h_NxQxD, last_N[:, None, None], axis=1)[:, 0]
+    logits_after_NxV = model.logits_from_hidden(params, h_last_NxD[:, None], cfg=cfg)[:, 0]
+    logits_NxV = jnp.where((q_N > 0)[:, None], logits_after_NxV, logits_NxV)
+
+  stop_arr = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
+  rows_N = jnp.arange(n)
+
+  def cond(state):
+    i, _, done_N, *_ = state
+    return (i < max_new_tokens) & ~jnp.all(done_N)
+
+  def body(state):
+    i, cache, done_N, logits_NxV, tokens_NxL, logp_NxL, blogp_NxL, sampled_N = state
+    plain_NxV = tempered(logits_NxV.astype(jnp.float32))
+    if greedy:
+      tok_N = jnp.argmax(plain_NxV, axis=-1).astype(jnp.int32)
+      blp_N = jnp.zeros((n,), jnp.float32)  # A deterministic choice has probability 1.
+    else:
+      sample_NxV = truncate_logits(plain_NxV, top_k=top_k, top_p=top_p)
+      tok_N = jax.random.categorical(jax.random.fold_in(rng, i), sample_NxV).astype(jnp.int32)
+      blp_N = _token_logprob(sample_NxV, tok_N)
+    lp_N = _token_logprob(plain_NxV, tok_N)
+    active_N = ~done_N
+    col_N = q_N + i
+    tokens_NxL = tokens_NxL.at[rows_N, col_N].set(jnp.where(active_N, tok_N, pad_id))
+    logp_NxL = logp_NxL.at[rows_N, col_N].set(jnp.where(active_N, lp_N, 0.0))
+    blogp_NxL = blogp_NxL.at[rows_N, col_N].set(jnp.where(active_N, blp_N, 0.0))
+    sampled_N = sampled_N + active_N
+    done_N = done_N | jnp.isin(tok_N, stop_arr)
+    # Finished rows feed a masked token: their cache slot stays invalid, positions frozen.
+    logits, cache = model.apply(params, jnp.where(active_N, tok_N, pad_id)[:, None], cfg=cfg,
+                                mask_NxT=active_N[:, None], cache=cache)
+    return (i + 1, cache, done_N, on_rows(logits[:, 0]), tokens_NxL, logp_NxL, blogp_NxL,
+            sampled_N)
+
+  state = (jnp.int32(0), cache, jnp.zeros((n,), bool), logits_NxV, on_rows(tokens_NxL),
+           on_rows(logp_NxL), on_rows(blogp_NxL), jnp.zeros((n,), jnp.int32))
+  _, _, done_N, _, tokens_NxL, logp_NxL, blogp_NxL, sampled_N = jax.lax.while_loop(
+      cond, body, state)
+
+  # Prefix tokens, then sampled tokens up to and including the stop token.
+  mask_NxL = jnp.arange(length) < (q_N + sampled_N)[:, None]
+  return Rollout(
+      prompts=prompts, tokens_NxL=tokens_NxL, mask_NxL=mask_NxL,
+      prefix_mask_NxL=prefix_mask_NxL, logprobs_NxL=jnp.where(mask_NxL, logp_NxL, 0.0),
+      behaviour_logprobs_NxL=jnp.where(mask_NxL, blogp_NxL, 0.0), truncated_N=~done_N,
+      lengths_N=mask_NxL.sum(axis=1, dtype=jnp.int32), group_size=group_size)
+
+
+def metrics(rollout: Rollout) -> dict[str, jax.Array]:
+  """Lengths, truncation and the behaviour-vs-plain log-prob gap over sampled tokens."""
+  sampled = rollout.mask_NxL & ~rollout.prefix_mask_NxL
+  count = jnp.maximum(sampled.sum(), 1)
+  gap = jnp.where(sampled, rollout.behaviour_logprobs_NxL - rollout.logprobs_NxL, 0.0)
+  return {
+      'sampler/length_mean': rollout.lengths_N.mean(),
+      'sampler/length_max': rollout.lengths_N.max(),
+      'sampler/truncated_frac': rollout.truncated_N.mean(),
+      'sampler/behaviour_minus_plain_logprob': gap.sum() / count,
+      'sampler/plain_logprob_mean': jnp.where(sampled, rollout.logprobs_NxL, 0).sum() / count,
+  }
+
+
+def sequences(rollout: Rollout):
+  """Prompt + completion per row (prompt-major) with its mask, for teacher-forced scoring."""
+  g = rollout.group_size
+  tokens = jnp.concatenate([jnp.repeat(rollout.prompts.tokens_BxP, g, 0), rollout.tokens_NxL], 1)
+  mask = jnp.concatenate([jnp.repeat(rollout.prompts.mask_BxP, g, 0), rollout.mask_NxL], 1)
+  return tokens, mask
+

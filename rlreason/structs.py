@@ -1,0 +1,61 @@
+"""Frozen pytrees passed between the stages of an RL step, and the axis glossary.
+
+Axis letters, used as suffixes of array names (`logits_NxTxV`, `rewards_BxG`):
+  B prompts            G samples per prompt     N = B*G sequences, prompt-major (n = b*G + g)
+  P prompt length (bucketed)   Q prefix length   L completion length   T = P + L
+  S cache length       V vocab      D model dim      H query heads     K kv heads
+  Dh head dim          F mlp dim
+
+Static fields (shapes of the experiment, never traced) are `pytree_node=False`.
+"""
+
+import flax
+import jax
+
+
+@flax.struct.dataclass
+class Prompts:
+  """Left-padded prompt tokens; every row has at least one real token."""
+  tokens_BxP: jax.Array  # int32
+  mask_BxP: jax.Array  # bool, False on left padding
+
+
+@flax.struct.dataclass
+class Prefixes:
+  """Per-row tokens that continue the prompt before sampling starts (row n = b*G + g).
+
+  Right-padded: row n's prefix is tokens_NxQ[n, :sum(mask_NxQ[n])]. `logprobs_NxQ`, if given,
+  are the log-probs recorded by the policy that produced the prefix (an older checkpoint, a
+  teacher); without them the prefix counts as produced by the sampling policy itself.
+  """
+  tokens_NxQ: jax.Array
+  mask_NxQ: jax.Array
+  logprobs_NxQ: jax.Array | None = None
+
+
+@flax.struct.dataclass
+class Rollout:
+  """G completions per prompt, prompt-major.
+
+  Completion columns hold the row's prefix (if any) then the sampled tokens, then padding.
+
+  tokens_NxL: completion tokens.
+  mask_NxL: real completion tokens, prefix included, up to and including the stop token.
+  prefix_mask_NxL: tokens that were given as a prefix rather than sampled.
+  logprobs_NxL: log-prob under the plain tempered softmax of the sampling parameters, the
+    quantity the learner recomputes (so the first-epoch ratio is 1 up to numerics).
+  behaviour_logprobs_NxL: log-prob under the distribution that actually produced the token:
+    the temperature/top-k/top-p distribution for sampled tokens, the recorded log-probs for
+    prefix tokens that came with them.
+  truncated_N: the row hit max_new_tokens without a stop token.
+  lengths_N: number of real completion tokens (sum of mask_NxL).
+  """
+  prompts: Prompts
+  tokens_NxL: jax.Array
+  mask_NxL: jax.Array
+  prefix_mask_NxL: jax.Array
+  logprobs_NxL: jax.Array
+  behaviour_logprobs_NxL: jax.Array
+  truncated_N: jax.Array
+  lengths_N: jax.Array
+  group_size: int = flax.struct.field(pytree_node=False, default=1)

@@ -242,6 +242,24 @@ def load(path: str | os.PathLike[str], *, extra_eos: Iterable[int | str] = ()) -
   return tok.with_extra_eos([*_generation_eos_ids(directory), *extra_eos])
 
 
+def from_characters(chars: Iterable[str], *, pad: str = '<pad>', eos: str = '<eos>',
+                    unk: str = '<unk>') -> Tokenizer:
+  """A character-level tokenizer for synthetic tasks: pad 0, eos 1, unk 2, then `chars`.
+
+  A character outside `chars` encodes to the unk id, which a task's tests can look for.
+  """
+  chars = list(dict.fromkeys(chars))
+  if any(len(c) != 1 for c in chars):
+    raise ValueError(f'from_characters: entries must be single characters, got {chars}.')
+  vocab = {pad: 0, eos: 1, unk: 2, **{c: i + 3 for i, c in enumerate(chars)}}
+  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token=unk))
+  tok.pre_tokenizer = pre_tokenizers.Split(Regex('.|\\n'), behavior='isolated')
+  tok.decoder = decoders.Fuse()
+  tok.add_special_tokens([AddedToken(t, special=True) for t in (pad, eos, unk)])
+  config = {'eos_token': eos, 'pad_token': pad, 'unk_token': unk}
+  return _load_hf(tok, config, Path('.'), from_json=True)
+
+
 def pad_left(seqs: Sequence[Sequence[int]], *, buckets: Sequence[int],
              pad_id: int) -> tuple[np.ndarray, np.ndarray]:
   """Left-pads id lists to the smallest bucket that fits the longest one.

@@ -486,3 +486,14 @@ def test_load_errors(tmp_path):
   bad_json.write_text('{}')
   with pytest.raises(ValueError, match='tokenizer.json'):
     tk.load(bad_json.parent)
+
+
+def test_character_tokenizer_round_trips_and_marks_unknowns():
+  tok = tk.from_characters('0123456789+=,| \n')
+  text = '12+34=46|5,0 1,1\n'
+  ids = tok.encode(text)
+  assert len(ids) == len(text) and tok.decode(ids) == text
+  assert (tok.pad_id, tok.eos_id, tok.vocab_size) == (0, 1, 3 + 16)
+  assert tok.eos_ids == frozenset({1})
+  assert tok.decode(ids + [1, 0], skip_special_tokens=True) == text
+  assert tok.encode('1a')[-1] == tok.token_to_id('<unk>') == 2

@@ -8,6 +8,7 @@ INSTALL_REQUIRES = [
     'chex==0.1.92',
     'flax==0.12.8',
     'grain==0.2.18',
+    'importlib_resources==7.1.0',  # tfds needs it without TensorFlow but does not declare it.
     'jax==0.10.2',
     'jaxlib==0.10.2',
     'jinja2==3.1.6',
@@ -15,8 +16,10 @@ INSTALL_REQUIRES = [
     'numpy==2.4.6',
     'optax==0.2.8',
     'orbax-checkpoint==0.12.8',
+    'pyarrow==26.0.1',
     'safetensors==0.8.0',
     'sentencepiece==0.2.3',
+    'tensorboardX==2.6.5',  # TensorBoard event files without TensorFlow.
     'tensorflow-datasets==4.9.10',
     'tokenizers==0.23.3',
 ]

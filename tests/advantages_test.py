@@ -1,0 +1,403 @@
+"""Advantage estimators: hand-computed cases from algorithms.md, invariances, degenerate groups,
+GAE against a hand-unrolled loop, OTB's proxy identity and alignment, the registry.
+
+Hand-computed cases run with and without jit; property tests run jitted only, since the eager
+path is already covered by the hand cases and compiles op by op (3-5x the time).
+"""
+
+import functools
+
+import chex
+import jax
+import numpy as np
+import pytest
+
+from rlreason import advantages as adv
+
+R_1000 = np.array([[1.0, 0.0, 0.0, 0.0]], np.float32)
+TIGHT = dict(rtol=1e-6, atol=1e-6)
+
+
+class GroupEstimatorTest(chex.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_grpo_hand_example(self):
+    # mean 0.25; deviations [0.75, -0.25 x3]; sum of squares 0.75.
+    # Unbiased std sqrt(0.75/3) = 0.5 -> [1.5, -0.5 x3];
+    # population std sqrt(0.75/4) = sqrt(3)/4 -> [sqrt(3), -1/sqrt(3) x3].
+    unbiased = self.variant(functools.partial(adv.grpo, std_ddof=1, eps=0.0))
+    population = self.variant(functools.partial(adv.grpo, std_ddof=0, eps=0.0))
+    default = self.variant(adv.grpo)  # std_ddof=1, eps=1e-6: 0.75 / (0.5 + 1e-6), ...
+    np.testing.assert_allclose(unbiased(R_1000), [[1.5, -0.5, -0.5, -0.5]], **TIGHT)
+    s3 = np.sqrt(3.0)
+    np.testing.assert_allclose(population(R_1000), [[s3, -1 / s3, -1 / s3, -1 / s3]], **TIGHT)
+    np.testing.assert_allclose(default(R_1000), np.array([[0.75, -0.25, -0.25, -0.25]]) / 0.500001,
+                               **TIGHT)
+
+  @chex.variants(with_jit=True)
+  def test_grpo_binary_closed_form(self):
+    # Population std, k = 3 successes of G = 8, p = 3/8:
+    # A+ = sqrt((1-p)/p) = sqrt(5/3), A- = -sqrt(p/(1-p)) = -sqrt(3/5).
+    rewards_BxG = np.array([[1, 1, 1, 0, 0, 0, 0, 0]], np.float32)
+    a = self.variant(functools.partial(adv.grpo, std_ddof=0, eps=0.0))(rewards_BxG)
+    np.testing.assert_allclose(a, [[np.sqrt(5 / 3)] * 3 + [-np.sqrt(3 / 5)] * 5], **TIGHT)
+
+  @chex.variants(with_jit=True)
+  def test_grpo_zero_sum_and_affine_invariance(self):
+    rewards_BxG = np.random.default_rng(0).normal(size=(3, 5)).astype(np.float32)
+    grpo = self.variant(functools.partial(adv.grpo, eps=0.0))
+    a = grpo(rewards_BxG)
+    np.testing.assert_allclose(np.sum(a, -1), 0.0, atol=1e-6)
+    np.testing.assert_allclose(grpo(2.5 * rewards_BxG - 7.0), a, rtol=1e-5, atol=1e-5)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_dr_grpo(self):
+    # R - mean = [0.75, -0.25 x3]; no scale invariance: 2R doubles A; shift-invariant.
+    dr = self.variant(adv.dr_grpo)
+    np.testing.assert_allclose(dr(R_1000), [[0.75, -0.25, -0.25, -0.25]], **TIGHT)
+    np.testing.assert_allclose(dr(2 * R_1000), [[1.5, -0.5, -0.5, -0.5]], **TIGHT)
+    np.testing.assert_allclose(dr(R_1000 + 3.0), dr(R_1000), **TIGHT)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_rloo(self):
+    # Leave-one-out means: [0, 1/3, 1/3, 1/3] -> A = [1, -1/3, -1/3, -1/3].
+    rloo = self.variant(adv.rloo)
+    np.testing.assert_allclose(rloo(R_1000), [[1.0, -1 / 3, -1 / 3, -1 / 3]], **TIGHT)
+    rewards_BxG = np.random.default_rng(1).normal(size=(2, 5)).astype(np.float32)
+    others = (rewards_BxG.sum(-1, keepdims=True) - rewards_BxG) / 4
+    np.testing.assert_allclose(rloo(rewards_BxG), rewards_BxG - others, rtol=1e-5, atol=1e-5)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_reinforce_pp_baseline_hand_example(self):
+    # Centred [0.75, -0.25 x3] has batch mean 0 and unbiased variance 0.75/3 = 0.25:
+    # A = c / sqrt(0.25 + 1e-8) = [1.5, -0.5 x3] up to 2e-8 relative.
+    a = self.variant(adv.reinforce_pp_baseline)(R_1000)
+    np.testing.assert_allclose(a, [[1.5, -0.5, -0.5, -0.5]], **TIGHT)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_reinforce_pp_baseline_reproduces_verl_token_whitening(self):
+    rng = np.random.default_rng(2)
+    rewards_BxG = rng.integers(0, 2, size=(3, 4)).astype(np.float32)
+    lengths_N = rng.integers(1, 7, size=12)
+    # verl: centred score broadcast over each response's tokens, masked_whiten over all
+    # valid tokens (unbiased variance, rsqrt(var + 1e-8)).
+    centred_N = (rewards_BxG - rewards_BxG.mean(-1, keepdims=True)).reshape(-1)
+    mask_NxL = (np.arange(6)[None] < lengths_N[:, None]).astype(np.float64)
+    tokens_NxL = centred_N[:, None] * mask_NxL
+    count = mask_NxL.sum()
+    mean = (tokens_NxL * mask_NxL).sum() / count
+    var = (((tokens_NxL - mean)**2) * mask_NxL).sum() / count * count / (count - 1)
+    expected_N = (centred_N - mean) / np.sqrt(var + 1e-8)
+    fn = self.variant(adv.reinforce_pp_baseline)
+    a = fn(rewards_BxG, weights_BxG=lengths_N.reshape(3, 4).astype(np.float32))
+    np.testing.assert_allclose(a.reshape(-1), expected_N, rtol=1e-5, atol=1e-5)
+
+  @chex.variants(with_jit=True)
+  def test_reinforce_pp_baseline_weights_and_invariance(self):
+    rewards_BxG = np.random.default_rng(3).normal(size=(4, 3)).astype(np.float32)
+    fn = self.variant(functools.partial(adv.reinforce_pp_baseline, eps=0.0))
+    valid_BxG = np.ones((4, 3), np.float32)
+    valid_BxG[3] = 0.0
+    a = fn(rewards_BxG, weights_BxG=valid_BxG)
+    # Excluded prompts get 0 and do not enter the statistics; shift/scale of R cancel.
+    np.testing.assert_array_equal(a[3], 0.0)
+    np.testing.assert_allclose(a[:3], fn(rewards_BxG[:3]), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(fn(3 * rewards_BxG + 1), fn(rewards_BxG), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.mean(a[:3]), 0.0, atol=1e-6)
+    np.testing.assert_allclose(np.std(a[:3], ddof=1), 1.0, rtol=1e-5)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_r2po_rarity(self):
+    rarity = self.variant(adv.r2po_rarity)
+    # u = [1, 1/3, 1/3, 1/3]: mean 1/2, unbiased std 1/3 -> [1.5, -0.5 x3] (std + 1e-6).
+    expected = np.array([[0.5, -1 / 6, -1 / 6, -1 / 6]]) / (1 / 3 + 1e-6)
+    np.testing.assert_allclose(rarity(R_1000), expected, **TIGHT)
+    # The rare outcome wins even when it is the wrong one.
+    np.testing.assert_allclose(rarity(1 - R_1000), expected, **TIGHT)
+    # Equally frequent outcomes: all u = 1/2 -> 0. Any injective map of R changes nothing.
+    np.testing.assert_array_equal(rarity(np.array([[1.0, 1.0, 0.0, 0.0]])), 0.0)
+    np.testing.assert_allclose(rarity(5 * R_1000 - 2), expected, **TIGHT)
+
+
+DEGENERATE = {
+    'all_equal': np.full((2, 4), 0.3, np.float32),
+    'all_zero': np.zeros((2, 4), np.float32),
+    'singleton': np.array([[0.7], [0.0]], np.float32),
+}
+GROUP_ESTIMATORS = {
+    'grpo': adv.grpo,
+    'grpo_eps0': functools.partial(adv.grpo, eps=0.0),
+    'dr_grpo': adv.dr_grpo,
+    'rloo': adv.rloo,
+    'reinforce_pp_baseline': adv.reinforce_pp_baseline,
+    'r2po_rarity': adv.r2po_rarity,
+}
+
+
+@pytest.mark.parametrize('wrap', [jax.jit, lambda f: f], ids=['jit', 'eager'])
+@pytest.mark.parametrize('name', sorted(GROUP_ESTIMATORS))
+@pytest.mark.parametrize('case', sorted(DEGENERATE))
+def test_degenerate_groups_are_finite(wrap, name, case):
+  rewards_BxG = DEGENERATE[case]
+  a = np.asarray(wrap(GROUP_ESTIMATORS[name])(rewards_BxG))
+  assert np.all(np.isfinite(a))
+  if case != 'singleton':
+    np.testing.assert_array_equal(a, 0.0)  # Exactly 0, not eps-sized noise.
+  elif name == 'r2po_rarity':
+    np.testing.assert_array_equal(a, 0.0)
+  elif name == 'reinforce_pp_baseline':
+    # No group baseline for a singleton; the batch whitening of [0.7, 0]: +-1/sqrt(2).
+    np.testing.assert_allclose(a, [[1 / np.sqrt(2)], [-1 / np.sqrt(2)]], rtol=1e-6)
+  else:
+    np.testing.assert_array_equal(a, rewards_BxG)  # verl: a singleton has A = R.
+
+
+def _two_way_energy_inputs(probs):
+  """logprobs and Σπ² of a 2-way softmax whose sampled token has probability p: w = 2(1-p)^2."""
+  probs = np.asarray(probs, np.float32)
+  return np.log(probs), probs**2 + (1 - probs)**2
+
+
+# w = 0.5 needs p = 0.5; w = 0.1 needs 2(1-p)^2 = 0.1, p = 1 - sqrt(0.05).
+P_HALF, P_TENTH = 0.5, 1 - np.sqrt(0.05)
+
+
+class OTBTest(chex.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_hand_example(self):
+    # algorithms.md §8: R = [1, 0], w = [0.5, 0.5] and [0.1, 0.1] -> W = [0.5, 1.0], [0.1, 0.2];
+    # returns [1, 1], [0, 0]; B_0 = 0.5/0.6 = 5/6, B_1 = 1.0/1.2 = 5/6;
+    # A_1 = [1/6, 1/6], A_2 = [-5/6, -5/6] (a group mean baseline would give +-0.5).
+    # A padded third position (0 advantage) keeps the shape of the other OTB tests.
+    mask_NxL = np.array([[1, 1, 0], [1, 1, 0]], np.float32)
+    rewards_NxL = adv.outcome_token_rewards(np.array([1.0, 0.0]), mask_NxL)
+    logprobs_NxL, sum_pi_sq_NxL = _two_way_energy_inputs([[P_HALF] * 3, [P_TENTH] * 3])
+    expected = [[1 / 6, 1 / 6, 0], [-5 / 6, -5 / 6, 0]]
+    for multi_turn in (False, True):
+      fn = self.variant(functools.partial(adv.otb, group_size=2, zero_tail=False,
+                                          multi_turn=multi_turn))
+      np.testing.assert_allclose(fn(rewards_NxL, logprobs_NxL, sum_pi_sq_NxL, mask_NxL), expected,
+                                 rtol=1e-5, atol=1e-6)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_multi_turn_aligns_by_valid_token_index(self):
+    # The same two responses with a tool-output gap at different places: by valid-token index
+    # they line up as in the hand example; by absolute position they would not.
+    mask_NxL = np.array([[1, 0, 1], [1, 1, 0]], np.float32)
+    rewards_NxL = adv.outcome_token_rewards(np.array([1.0, 0.0]), mask_NxL)
+    logprobs_NxL, sum_pi_sq_NxL = _two_way_energy_inputs([[P_HALF] * 3, [P_TENTH] * 3])
+    fn = self.variant(functools.partial(adv.otb, group_size=2, zero_tail=False, multi_turn=True))
+    a = fn(rewards_NxL, logprobs_NxL, sum_pi_sq_NxL, mask_NxL)
+    np.testing.assert_allclose(a, [[1 / 6, 0, 1 / 6], [-5 / 6, -5 / 6, 0]], rtol=1e-5, atol=1e-6)
+
+  @chex.variants(with_jit=True)
+  def test_multi_turn_equals_single_turn_on_compacted_rows(self):
+    rng = np.random.default_rng(4)
+    n, length = 6, 7
+    mask_NxL = (rng.random((n, length)) < 0.7).astype(np.float32)
+    mask_NxL[:, 0] = 1.0
+    rewards_NxL = rng.normal(size=(n, length)).astype(np.float32)
+    logprobs_NxL = np.log(rng.uniform(0.05, 1.0, (n, length))).astype(np.float32)
+    sum_pi_sq_NxL = rng.uniform(0.2, 1.0, (n, length)).astype(np.float32)
+
+    def compact(x_NxL):
+      out = np.zeros_like(x_NxL)
+      for i in range(n):
+        valid = x_NxL[i][mask_NxL[i] > 0]
+        out[i, :len(valid)] = valid
+      return out
+
+    lengths_N = mask_NxL.sum(-1).astype(int)
+    compact_mask_NxL = (np.arange(length)[None] < lengths_N[:, None]).astype(np.float32)
+    kw = dict(group_size=3, zero_tail=True)
+    compact_a = self.variant(functools.partial(adv.otb, **kw))(
+        compact(rewards_NxL), compact(logprobs_NxL), compact(sum_pi_sq_NxL), compact_mask_NxL)
+    expected = np.zeros((n, length), np.float32)
+    for i in range(n):
+      expected[i, mask_NxL[i] > 0] = compact_a[i, :lengths_N[i]]
+    a = self.variant(functools.partial(adv.otb, multi_turn=True, **kw))(
+        rewards_NxL, logprobs_NxL, sum_pi_sq_NxL, mask_NxL)
+    np.testing.assert_allclose(a, expected, rtol=1e-6, atol=1e-6)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_zero_tail(self):
+    # Lengths 3 and 1, R = [1, 0]. At t = 1, 2 only response 1 is active: without the flag the
+    # baseline is its own return (A = 1 * 1e-8 / (W + 1e-8) ~ 0); with it the baseline is 0
+    # (A = 1). At t = 0 (w = 0.5 each, W = 0.5): B = 0.5 -> A = [0.5, -0.5] either way.
+    mask_NxL = np.array([[1, 1, 1], [1, 0, 0]], np.float32)
+    rewards_NxL = adv.outcome_token_rewards(np.array([1.0, 0.0]), mask_NxL)
+    logprobs_NxL, sum_pi_sq_NxL = _two_way_energy_inputs(np.full((2, 3), P_HALF))
+    for multi_turn in (False, True):
+      for zero_tail, tail in ((False, 0.0), (True, 1.0)):
+        fn = self.variant(functools.partial(adv.otb, group_size=2, zero_tail=zero_tail,
+                                            multi_turn=multi_turn))
+        np.testing.assert_allclose(fn(rewards_NxL, logprobs_NxL, sum_pi_sq_NxL, mask_NxL),
+                                   [[0.5, tail, tail], [-0.5, 0, 0]], rtol=1e-6, atol=1e-6)
+
+  @chex.variants(with_jit=True)
+  def test_equal_energy_gives_group_mean_and_is_weights_enter_squared(self):
+    mask_NxL = np.ones((4, 3), np.float32)
+    rewards_NxL = adv.outcome_token_rewards(R_1000[0], mask_NxL)
+    logprobs_NxL, sum_pi_sq_NxL = _two_way_energy_inputs(np.full((4, 3), 0.3))
+    fn = self.variant(functools.partial(adv.otb, group_size=4, zero_tail=False))
+    # Equal W for all responses: B_t = mean of returns = 0.25, i.e. Dr. GRPO per token.
+    expected = np.repeat(adv.dr_grpo(R_1000).reshape(4, 1), 3, 1)
+    np.testing.assert_allclose(fn(rewards_NxL, logprobs_NxL, sum_pi_sq_NxL, mask_NxL), expected,
+                               rtol=1e-6, atol=1e-6)
+    # Hand example again, now with equal proxies (0.1) and rho^2 = 5 on response 1 restoring
+    # w = [0.5, 0.1]: A_1 = 1/6, A_2 = -5/6.
+    mask2 = np.ones((2, 2), np.float32)
+    rewards2 = adv.outcome_token_rewards(np.array([1.0, 0.0]), mask2)
+    lp2, sq2 = _two_way_energy_inputs(np.full((2, 2), P_TENTH))
+    rho2 = np.array([[np.sqrt(5)] * 2, [1.0] * 2], np.float32)
+    fn2 = self.variant(functools.partial(adv.otb, group_size=2, zero_tail=False))
+    np.testing.assert_allclose(fn2(rewards2, lp2, sq2, mask2, is_weights_NxL=rho2),
+                               [[1 / 6, 1 / 6], [-5 / 6, -5 / 6]], rtol=1e-5, atol=1e-6)
+
+  @chex.variants(with_jit=True)
+  def test_baseline_is_convex_combination_and_padding_is_zero(self):
+    rng = np.random.default_rng(5)
+    lengths_N = rng.integers(1, 9, size=8)
+    mask_NxL = (np.arange(8)[None] < lengths_N[:, None]).astype(np.float32)
+    rewards_NxL = np.asarray(adv.outcome_token_rewards(rng.normal(size=8), mask_NxL))
+    logprobs_NxL = np.log(rng.uniform(0.05, 1.0, (8, 8))).astype(np.float32)
+    sum_pi_sq_NxL = rng.uniform(0.3, 1.0, (8, 8)).astype(np.float32)
+    fn = self.variant(functools.partial(adv.otb, group_size=4, zero_tail=False))
+    a = np.asarray(fn(rewards_NxL, logprobs_NxL, sum_pi_sq_NxL, mask_NxL))
+    np.testing.assert_array_equal(a[mask_NxL == 0], 0.0)
+    returns = np.flip(np.cumsum(np.flip(rewards_NxL, -1), -1), -1).reshape(2, 4, 8)
+    base = (returns - a.reshape(2, 4, 8))
+    m = mask_NxL.reshape(2, 4, 8) > 0
+    for b in range(2):
+      for t in range(8):
+        active = m[b, :, t]
+        if active.any():
+          lo, hi = returns[b, active, t].min(), returns[b, active, t].max()
+          assert np.all((base[b, active, t] >= lo - 1e-5) & (base[b, active, t] <= hi + 1e-5))
+
+  @chex.variants(with_jit=True)
+  def test_lone_members_have_no_baseline(self):
+    mask_NxL = np.array([[1, 1, 0], [0, 0, 0]], np.float32)
+    rewards_NxL = np.array([[0.0, 2.0, 0.0], [0.0, 0.0, 0.0]], np.float32)
+    lp, sq = _two_way_energy_inputs(np.full((2, 3), P_HALF))
+    expected = [[2, 2, 0], [0, 0, 0]]
+    # G = 1: A = returns [2, 2].
+    single = self.variant(functools.partial(adv.otb, group_size=1, zero_tail=True))
+    np.testing.assert_allclose(single(rewards_NxL, lp, sq, mask_NxL), expected, **TIGHT)
+    # Multi-turn drops the empty response from the group, leaving A = returns; single-turn
+    # keeps it as a member, so the baseline is the lone active return: A ~ 0.
+    kw = dict(group_size=2, zero_tail=False)
+    multi = self.variant(functools.partial(adv.otb, multi_turn=True, **kw))
+    np.testing.assert_allclose(multi(rewards_NxL, lp, sq, mask_NxL), expected, **TIGHT)
+    flat = self.variant(functools.partial(adv.otb, **kw))
+    np.testing.assert_allclose(flat(rewards_NxL, lp, sq, mask_NxL), 0.0, atol=1e-6)
+
+
+@pytest.mark.parametrize('wrap', [jax.jit, lambda f: f], ids=['jit', 'eager'])
+def test_otb_energy_is_squared_logit_gradient_norm(wrap):
+  # ||d log softmax(z)[a] / dz||^2 = ||e_a - pi||^2 = 1 - 2 pi_a + sum pi^2, for every token a.
+  logits_V = np.random.default_rng(9).normal(size=11) * 2.0
+  grads_VxV = jax.jit(jax.jacrev(jax.nn.log_softmax))(logits_V.astype(np.float32))
+  logprobs_V = logits_V - np.log(np.sum(np.exp(logits_V)))
+  sum_pi_sq = np.sum(np.exp(2 * logprobs_V))
+  w_V = wrap(adv.otb_token_energy)(logprobs_V.astype(np.float32), np.float32(sum_pi_sq))
+  np.testing.assert_allclose(w_V, np.sum(np.asarray(grads_VxV)**2, -1), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize('wrap', [jax.jit, lambda f: f], ids=['jit', 'eager'])
+def test_outcome_token_rewards_on_last_valid_token(wrap):
+  mask_NxL = np.array([[1, 1, 0], [0, 1, 1], [0, 0, 0]])
+  rewards_NxL = wrap(adv.outcome_token_rewards)(np.array([2.0, 3.0, 4.0]), mask_NxL)
+  np.testing.assert_array_equal(rewards_NxL, [[0, 2, 0], [0, 0, 3], [0, 0, 0]])
+
+
+def _gae_loop(rewards_NxL, values_NxL, mask_NxL, gamma, lam):
+  """verl's loop, unrolled by hand in float64."""
+  n, length = rewards_NxL.shape
+  adv_NxL = np.zeros((n, length))
+  next_value, last = np.zeros(n), np.zeros(n)
+  for t in reversed(range(length)):
+    delta = rewards_NxL[:, t] + gamma * next_value - values_NxL[:, t]
+    new = delta + gamma * lam * last
+    next_value = values_NxL[:, t] * mask_NxL[:, t] + (1 - mask_NxL[:, t]) * next_value
+    last = new * mask_NxL[:, t] + (1 - mask_NxL[:, t]) * last
+    adv_NxL[:, t] = last
+  count = mask_NxL.sum()
+  mean = (adv_NxL * mask_NxL).sum() / count
+  var = ((adv_NxL - mean)**2 * mask_NxL).sum() / (count - 1)
+  white_NxL = (adv_NxL - mean) / np.sqrt(var + 1e-8)
+  return adv_NxL * mask_NxL, (adv_NxL + values_NxL) * mask_NxL, white_NxL * mask_NxL
+
+
+class GAETest(chex.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_matches_hand_unrolled_loop(self):
+    rng = np.random.default_rng(6)
+    mask_NxL = (rng.random((5, 9)) < 0.75).astype(np.float32)  # gaps = tool output.
+    rewards_NxL = rng.normal(size=(5, 9)).astype(np.float32)
+    values_NxL = rng.normal(size=(5, 9)).astype(np.float32)
+    raw, returns, white = _gae_loop(rewards_NxL, values_NxL, mask_NxL, 0.9, 0.8)
+    for whiten, expected in ((False, raw), (True, white)):
+      fn = self.variant(functools.partial(adv.gae, gamma=0.9, lam=0.8, whiten=whiten))
+      a, r = fn(rewards_NxL, values_NxL, mask_NxL)
+      np.testing.assert_allclose(a, expected, rtol=1e-5, atol=1e-5)
+      np.testing.assert_allclose(r, returns, rtol=1e-5, atol=1e-5)
+
+  @chex.variants(with_jit=True)
+  def test_special_cases_and_padding(self):
+    rng = np.random.default_rng(7)
+    mask_NxL = np.array([[1, 1, 1, 1], [1, 1, 0, 0]], np.float32)
+    rewards_NxL = adv.outcome_token_rewards(np.array([1.0, -1.0]), mask_NxL)
+    values_NxL = rng.normal(size=(2, 4)).astype(np.float32)
+    # gamma = lam = 1: A_t = R_final - V_t on valid tokens.
+    mc = self.variant(functools.partial(adv.gae, whiten=False))
+    a, _ = mc(rewards_NxL, values_NxL, mask_NxL)
+    np.testing.assert_allclose(a, (np.array([[1.0], [-1.0]]) - values_NxL) * mask_NxL, **TIGHT)
+    # lam = 0: A_t = delta_t = r_t + gamma V_{t+1} - V_t (V after the last valid token is 0).
+    td = self.variant(functools.partial(adv.gae, gamma=0.5, lam=0.0, whiten=False))
+    a, _ = td(rewards_NxL, values_NxL, mask_NxL)
+    v = values_NxL
+    next_v = np.array([[v[0, 1], v[0, 2], v[0, 3], 0], [v[1, 1], 0, 0, 0]], np.float32)
+    np.testing.assert_allclose(a, (rewards_NxL + 0.5 * next_v - values_NxL) * mask_NxL, **TIGHT)
+    # Garbage in padded positions changes nothing; whitening: zero mean, unit (unbiased) std.
+    noisy_values = np.where(mask_NxL > 0, values_NxL, 123.0).astype(np.float32)
+    white = self.variant(functools.partial(adv.gae, gamma=0.9, lam=0.95))
+    a, _ = white(rewards_NxL, values_NxL, mask_NxL)
+    a_noisy, _ = white(rewards_NxL, noisy_values, mask_NxL)
+    np.testing.assert_allclose(a_noisy, a, **TIGHT)
+    valid = np.asarray(a)[mask_NxL > 0]
+    np.testing.assert_allclose([valid.mean(), valid.std(ddof=1)], [0.0, 1.0], atol=1e-5)
+    # R = [1,0,0,0] on 2-token responses, V = 0, gamma = lam = 1: A = R on every token.
+    # Whitened over the 8 tokens: mean 1/4, unbiased variance (2 (3/4)^2 + 6 (1/4)^2)/7 = 3/14.
+    mask_4x2 = np.ones((4, 2), np.float32)
+    rewards_4x2 = adv.outcome_token_rewards(R_1000[0], mask_4x2)
+    raw, _ = mc(rewards_4x2, np.zeros((4, 2), np.float32), mask_4x2)
+    np.testing.assert_allclose(raw, np.repeat(R_1000.T, 2, 1), **TIGHT)
+    whitened, _ = self.variant(adv.gae)(rewards_4x2, np.zeros((4, 2), np.float32), mask_4x2)
+    expected = (np.repeat(R_1000.T, 2, 1) - 0.25) / np.sqrt(3 / 14 + 1e-8)
+    np.testing.assert_allclose(whitened, expected, rtol=1e-5)
+
+
+def test_sharded_batch_gives_the_same_advantages():
+  # 8 fake devices: rows of B split across them; batch statistics must stay global.
+  mesh = jax.make_mesh((8,), ('data',))
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+  rewards_BxG = np.random.default_rng(8).normal(size=(16, 4)).astype(np.float32)
+  sharded_BxG = jax.device_put(rewards_BxG, sharding)
+  np.testing.assert_allclose(jax.jit(adv.reinforce_pp_baseline)(sharded_BxG),
+                             jax.jit(adv.reinforce_pp_baseline)(rewards_BxG), rtol=1e-6, atol=1e-6)
+
+
+def test_registry():
+  assert adv.get_estimator('grpo') is adv.grpo
+  assert set(adv.ESTIMATORS) >= {'grpo', 'dr_grpo', 'rloo', 'reinforce_pp_baseline', 'otb',
+                                 'r2po_rarity', 'gae'}
+  with pytest.raises(ValueError, match=r"'ppo_magic'.*dr_grpo.*gae.*grpo.*otb"):
+    adv.get_estimator('ppo_magic')
+
+
+def test_grpo_rejects_impossible_ddof():
+  with pytest.raises(ValueError, match='std_ddof'):
+    adv.grpo(R_1000, std_ddof=4)

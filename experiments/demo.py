@@ -1,106 +1,52 @@
-"""`make demo`: the most complete pipeline that exists today, end to end on this machine.
+"""The embedded default: SFT a tiny model on a flawed teacher, then GRPO fixes the flaw.
 
-  python -m experiments.demo [--hidden 128 --layers 4 --batch 8 --group 4 --new_tokens 64]
+  python -m rlreason.main --config experiments/demo.py --workdir /tmp/demo
+  python -m experiments.demo_report --workdir /tmp/demo --seed 0     # all arms + the plot
 
-Builds a small Qwen2-style model sharded over every local device, exports it as a Hugging
-Face checkpoint and loads it back (weights.py), samples G continuations per prompt with the
-sampler (prefill once, repeat the cache G times, a while_loop decode that stops when every
-row has emitted EOS), then takes one AdamW train step on the sampled sequences, and prints
-throughput for each phase. Runtime on a 2-core CPU: under a minute.
+Hardware: a 2-core CPU. Runtime: about 5 minutes for the full report.
 
-The RL trainer replaces this demo with `python -m rlreason.main` once it lands.
+Task: 5-digit addition written column by column ('8+3 5+0 6+7 8+0 1+8='), answered with one
+(digit, carry) pair per column ('1,1 6,0 3,1 9,0 9,0'). The warm-start teacher drops the
+carry in 75% of the columns whose sum is 10-12, so SFT learns the flaw and its greedy
+accuracy plateaus near the fraction of problems with no such column (~0.2). GRPO with a
+binary verifier reward on held-out accuracy: expected >= 0.95 after ~60 steps.
 """
 
-import argparse
-import pathlib
-import tempfile
-import time
-
-import jax
-import jax.numpy as jnp
-import optax
-
-from rlreason import model
-from rlreason import sampler
-from rlreason import sharding
-from rlreason import weights
-from rlreason.structs import Prompts
+from rlreason import config as config_lib
 
 
-def train_step(params, opt_state, tokens_NxT, *, cfg, optimizer):
-  def loss_fn(params):
-    logits = model.apply(params, tokens_NxT[:, :-1], cfg=cfg)[0]
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    return -jnp.mean(jnp.take_along_axis(logp, tokens_NxT[:, 1:, None], -1))
-
-  loss, grads = jax.value_and_grad(loss_fn)(params)
-  updates, opt_state = optimizer.update(grads, opt_state, params)
-  return optax.apply_updates(params, updates), opt_state, loss
-
-
-def main():
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument('--hidden', type=int, default=128)
-  ap.add_argument('--layers', type=int, default=4)
-  ap.add_argument('--vocab', type=int, default=512)
-  ap.add_argument('--batch', type=int, default=8)
-  ap.add_argument('--group', type=int, default=4)
-  ap.add_argument('--prompt_len', type=int, default=32)
-  ap.add_argument('--new_tokens', type=int, default=64)
-  args = ap.parse_args()
-
-  cfg = model.ModelConfig(vocab_size=args.vocab, hidden_size=args.hidden,
-                          intermediate_size=3 * args.hidden, num_layers=args.layers,
-                          num_heads=4, num_kv_heads=2, head_dim=args.hidden // 4, qkv_bias=True)
-  mesh = sharding.make_mesh({'fsdp': -1})
-  print(f'devices: {jax.device_count()} x {jax.devices()[0].platform}, mesh {dict(mesh.shape)}; '
-        f'model: {cfg.num_params() / 1e6:.2f}M params')
-  train_shardings = sharding.param_shardings(cfg, mesh, sharding.TRAIN_RULES)
-  with jax.set_mesh(mesh):
-    params = jax.jit(lambda r: model.init_params(cfg, r), out_shardings=train_shardings)(
-        jax.random.key(0))
-
-  # Round trip through the Hugging Face format, straight back into the training shardings.
-  with tempfile.TemporaryDirectory() as tmp:
-    path = pathlib.Path(tmp) / 'ckpt'
-    weights.save(path, cfg, params)
-    _, params = weights.load(path, mesh=mesh, rules=sharding.TRAIN_RULES)
-  print(f'exported and re-imported a HF checkpoint: {len(jax.tree.leaves(params))} tensors')
-
-  rng = jax.random.key(1)
-  prompts = jax.random.randint(rng, (args.batch, args.prompt_len), 1, cfg.vocab_size)
-  sample_params = sharding.reshard(params, sharding.param_shardings(
-      cfg, mesh, sharding.SAMPLE_RULES))
-  prompts = Prompts(tokens_BxP=prompts, mask_BxP=jnp.ones(prompts.shape, bool))
-  generate = lambda r: sampler.generate(
-      sample_params, prompts, cfg=cfg, group_size=args.group, max_new_tokens=args.new_tokens,
-      temperature=1.0, top_p=0.95, stop_tokens=(0,), rng=r, mesh=mesh)
-  with jax.set_mesh(mesh):
-    jax.block_until_ready(generate(rng))  # Compile.
-    t0 = time.perf_counter()
-    rollout = jax.block_until_ready(generate(jax.random.fold_in(rng, 1)))
-    dt = time.perf_counter() - t0
-  stats = {k: f'{float(v):.3f}' for k, v in sampler.metrics(rollout).items()}
-  tokens = int(rollout.lengths_N.sum())
-  print(f'sampled {rollout.tokens_NxL.shape[0]} rows, {tokens} tokens in {dt:.2f}s: '
-        f'{tokens / dt:,.0f} tok/s; {stats}')
-
-  optimizer = optax.adamw(1e-3)
-  seqs, _ = sampler.sequences(rollout)
-  with jax.set_mesh(mesh):
-    opt_state = optimizer.init(params)
-    # Outputs keep the inputs' layouts, so the donated buffers are reused and step 2 does not
-    # recompile for new input shardings.
-    state_shardings = jax.tree.map(lambda x: x.sharding, (params, opt_state))
-    step = jax.jit(lambda p, o, t: train_step(p, o, t, cfg=cfg, optimizer=optimizer),
-                   out_shardings=(*state_shardings, None), donate_argnums=(0, 1))
-    params, opt_state, loss0 = step(params, opt_state, seqs)
-    t0 = time.perf_counter()
-    params, opt_state, loss1 = jax.block_until_ready(step(params, opt_state, seqs))
-    dt = time.perf_counter() - t0
-  print(f'train step on {seqs.size:,} tokens in {dt:.2f}s: {seqs.size / dt:,.0f} tok/s; '
-        f'loss {float(loss0):.4f} -> {float(loss1):.4f}')
-
-
-if __name__ == '__main__':
-  main()
+def get_config(arg: str = ''):
+  c = config_lib.default()
+  c.seed = int(arg) if arg else 0
+  c.data.task = 'arithmetic'
+  c.data.difficulty = 5
+  c.data.task_options = {'layout': 'columns', 'final_answer': False}
+  c.data.prompt_buckets = (20,)
+  c.model.arch = dict(vocab_size=0, hidden_size=128, intermediate_size=384, num_layers=2,
+                      num_heads=4, num_kv_heads=4, head_dim=32, qkv_bias=False, qk_norm=False,
+                      tie_embeddings=False, family='qwen2', rope_theta=10_000.0)
+  c.tokenizer.kind = 'chars'
+  c.sft.steps = 700
+  c.sft.batch_size = 64
+  c.sft.lr = 3e-3
+  c.sft.teacher = 'rlreason.tasks.arithmetic:flawed_solution'
+  c.sft.teacher_options = {'drop_carry_prob': 0.75}
+  c.rl.steps = 60
+  c.rl.prompts_per_step = 16
+  c.rl.group_size = 8
+  c.rl.max_new_tokens = 20
+  c.rl.temperature = 1.0
+  c.objective.advantage = 'grpo'
+  c.objective.policy_loss = 'ppo_clip'
+  c.objective.aggregation = 'token_mean'
+  c.optimizer.lr = 1e-4
+  c.optimizer.grad_clip = 1.0
+  c.verifier.name = 'rlreason.tasks.arithmetic:verify_carry_chain'
+  c.verifier.deadline_s = 30.0
+  c.verifier.workers = 1
+  c.eval.every = 20
+  c.eval.num_prompts = 500
+  c.checkpoint.every = 20
+  c.mesh = dict(data=1, fsdp=1, tensor=1)
+  c.log_every = 5
+  return c

@@ -9,6 +9,8 @@ Axis letters, used as suffixes of array names (`logits_NxTxV`, `rewards_BxG`):
 Static fields (shapes of the experiment, never traced) are `pytree_node=False`.
 """
 
+from typing import Any
+
 import flax
 import jax
 
@@ -59,3 +61,24 @@ class Rollout:
   truncated_N: jax.Array
   lengths_N: jax.Array
   group_size: int = flax.struct.field(pytree_node=False, default=1)
+
+
+@flax.struct.dataclass
+class TrainState:
+  params: Any
+  opt_state: Any
+  step: jax.Array  # int32: optimizer updates applied.
+  skipped: jax.Array  # int32: updates skipped for a non-finite loss or gradient.
+
+
+@flax.struct.dataclass
+class TrainBatch:
+  """N = B*G rows, prompt-major; completion arrays are NxL, aligned with tokens_NxT[:, P:]."""
+  tokens_NxT: jax.Array
+  mask_NxT: jax.Array  # real tokens (prompt and completion)
+  loss_mask_NxL: jax.Array  # completion tokens in the loss
+  advantages_NxL: jax.Array
+  old_logprobs_NxL: jax.Array
+  ref_logprobs_NxL: jax.Array
+  behaviour_logprobs_NxL: jax.Array
+  prefix_mask_NxL: jax.Array

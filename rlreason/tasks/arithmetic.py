@@ -25,6 +25,7 @@ multiplication, answer checking.
 """
 
 from rlreason.tasks import example as example_lib
+from rlreason.verifiers import verdict
 
 NAME = 'arithmetic'
 DEFAULT_DIFFICULTY = 5
@@ -65,8 +66,15 @@ def parse_solution(solution: str) -> tuple[list[tuple[int, int]], str]:
 
 
 def generate(seed: int, index: int, *, difficulty: int = DEFAULT_DIFFICULTY,
-             min_carries: int = 0) -> example_lib.Example:
+             min_carries: int = 0, layout: str = 'inline',
+             final_answer: bool = True) -> example_lib.Example:
   """The (seed, index)-th addition of two `difficulty`-digit numbers with >= min_carries carries.
+
+  layout='inline' writes the prompt '12345+67890='; layout='columns' writes the digit pairs
+  column by column, least significant first, '5+0 4+9 3+8 2+7 1+6=', so that each column of
+  the worked solution sits at a fixed distance from its digits (what a tiny model learns in
+  a few hundred steps; the embedded demo uses it). final_answer=False ends the solution after
+  the (digit, carry) chain, which then is the answer (verifier 'carry_chain').
 
   Columns are drawn least significant first, so the carry into each column is known when its
   digits are drawn: a column chosen to carry draws uniformly among digit pairs that carry,
@@ -76,6 +84,8 @@ def generate(seed: int, index: int, *, difficulty: int = DEFAULT_DIFFICULTY,
     raise ValueError(f'arithmetic difficulty (digits) must be >= 1, got {difficulty}.')
   if not 0 <= min_carries <= difficulty:
     raise ValueError(f'min_carries={min_carries} must be in [0, difficulty={difficulty}].')
+  if layout not in ('inline', 'columns'):
+    raise ValueError(f"arithmetic layout={layout!r}; known: 'inline', 'columns'.")
   rng = example_lib.example_rng(NAME, seed, index, difficulty)
   forced = set(rng.choice(difficulty, size=min_carries, replace=False).tolist())
   free = rng.integers(0, 10, size=(difficulty, 2)).tolist()
@@ -95,14 +105,18 @@ def generate(seed: int, index: int, *, difficulty: int = DEFAULT_DIFFICULTY,
   b = int(''.join(str(d) for d in reversed(ys)))
   pairs = _chain(a, b, difficulty)
   solution, answer = _write(pairs)
+  if not final_answer:
+    solution = solution.partition(example_lib.ANSWER_MARKER)[0]
+  prompt = f'{a}+{b}=' if layout == 'inline' else ' '.join(f'{x}+{y}' for x, y in zip(xs, ys)) + '='
   return example_lib.Example(
       id=example_lib.example_id(NAME, seed, index, difficulty),
-      prompt=f'{a}+{b}=',
+      prompt=prompt,
       answer=answer,
       solution=solution,
       task=NAME,
       difficulty=difficulty,
-      meta={'operands': [a, b], 'carries': sum(c for _, c in pairs)},
+      meta={'operands': [a, b], 'carries': sum(c for _, c in pairs),
+            'final_answer': final_answer},
   )
 
 
@@ -131,4 +145,25 @@ def flawed_solution(example: example_lib.Example, *, rng, drop_carry_prob: float
     if s in sums and rng.random() < drop_carry_prob:
       carry = 0
     pairs.append((s % 10, carry))
-  return _write(pairs)[0]
+  solution = _write(pairs)[0]
+  if not example.meta.get('final_answer', True):
+    solution = solution.partition(example_lib.ANSWER_MARKER)[0]
+  return solution
+
+
+@verdict.verifier
+def verify_carry_chain(item) -> verdict.Verdict:
+  """Verifier 'rlreason.tasks.arithmetic:verify_carry_chain' for final_answer=False solutions.
+
+  Item: completion (a 'digit,carry' chain, least significant column first), answer (the sum).
+  The chain is read as a number (its digits backwards, a leading 1 when the last column
+  carries), so a chain with a wrong carry anywhere gives the wrong number.
+  """
+  text = verdict.completion_text(item).strip()
+  try:
+    pairs, _ = parse_solution(text + example_lib.ANSWER_MARKER)
+  except ValueError as e:
+    return verdict.failure(verdict.PARSE_FAILURE, f'not a digit,carry chain: {e}')
+  if not pairs or any(not (0 <= d <= 9 and c in (0, 1)) for d, c in pairs):
+    return verdict.failure(verdict.PARSE_FAILURE, 'chain has digits outside 0-9 or carries outside 0/1')
+  return verdict.judged(_write(pairs)[1] == verdict.gold_text(item))

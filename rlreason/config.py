@@ -1,0 +1,119 @@
+"""The default config tree, and the checks that run on it before anything compiles.
+
+Experiments (`experiments/*.py`) start from `default()` and override what they need; the
+loop reads the tree only at its edges and hands plain keyword arguments to library code.
+`validate` checks the arithmetic a run depends on (batch splits, G against devices, token
+budgets, registry names) and raises one ValueError naming every offending field.
+"""
+
+import ml_collections
+
+
+def default() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+
+  # Policy: a random model from `arch`, or a Hugging Face checkpoint directory.
+  c.model = ml_collections.ConfigDict(dict(
+      init='random',  # 'random' | 'hf'
+      path='',  # HF checkpoint directory when init == 'hf'.
+      arch=dict(vocab_size=0, hidden_size=128, intermediate_size=384, num_layers=2,
+                num_heads=4, num_kv_heads=4, head_dim=32, qkv_bias=False, qk_norm=False,
+                tie_embeddings=False, family='qwen2', rope_theta=10_000.0),
+      param_dtype='float32', compute_dtype='float32', remat='none'))
+
+  # Tokenizer: 'chars' builds a character vocabulary from the task; 'hf' loads `path`.
+  c.tokenizer = ml_collections.ConfigDict(dict(kind='chars', path='', extra_eos=()))
+
+  # Prompts: a synthetic task, or a JSONL/Parquet file in GSM8K or MATH format.
+  c.data = ml_collections.ConfigDict(dict(
+      source='task',  # 'task' | 'jsonl' | 'parquet'
+      task='arithmetic', difficulty=5, task_options={},
+      path='', eval_path='', format='gsm8k',  # 'gsm8k' | 'math'
+      held_out_fraction=0.1, prompt_template='{prompt}', prompt_buckets=(32, 64, 128, 256)))
+
+  c.rl = ml_collections.ConfigDict(dict(
+      steps=100, prompts_per_step=16, group_size=8, epochs=1, minibatches=1, micro_batches=1,
+      max_new_tokens=64, temperature=1.0, top_k=0, top_p=1.0,
+      dynamic_sampling=False, max_refill_rounds=2))
+
+  c.objective = ml_collections.ConfigDict(dict(
+      advantage='grpo', advantage_kwargs={}, transforms=(), transform_kwargs={},
+      policy_loss='ppo_clip', loss_kwargs={}, aggregation='token_mean',
+      kl_coef=0.0, kl_estimator='k3', entropy_coef=0.0))
+
+  c.optimizer = ml_collections.ConfigDict(dict(
+      lr=1e-6, warmup_steps=0, b1=0.9, b2=0.999, weight_decay=0.0, grad_clip=1.0))
+
+  c.verifier = ml_collections.ConfigDict(dict(name='math', deadline_s=60.0, workers=2))
+
+  # Supervised warm start on reference (or a configured teacher's) solutions before RL.
+  c.sft = ml_collections.ConfigDict(dict(
+      steps=0, batch_size=64, lr=3e-3, warmup_steps=50, teacher='', teacher_options={}))
+
+  c.eval = ml_collections.ConfigDict(dict(every=0, num_prompts=500, k=1, temperature=0.0))
+  c.checkpoint = ml_collections.ConfigDict(dict(every=0, keep=3))
+  c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
+  c.log_every = 1
+  return c
+
+
+def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
+  """Raises ValueError listing every inconsistent field; returns None when the config is sound."""
+  from rlreason import advantage_transforms, advantages, aggregation, kl, losses, sharding, tasks
+  from rlreason.verifiers import registry
+
+  errors = []
+
+  def check(ok, message):
+    if not ok:
+      errors.append(message)
+
+  rl = c.rl
+  n = rl.prompts_per_step * rl.group_size
+  check(rl.group_size >= 1, f'rl.group_size={rl.group_size} must be >= 1.')
+  check(rl.prompts_per_step >= 1, f'rl.prompts_per_step={rl.prompts_per_step} must be >= 1.')
+  check(rl.max_new_tokens > 0, f'rl.max_new_tokens={rl.max_new_tokens} must be > 0.')
+  check(rl.prompts_per_step % rl.minibatches == 0,
+        f'rl.prompts_per_step={rl.prompts_per_step} is not divisible by '
+        f'rl.minibatches={rl.minibatches} (minibatches hold whole groups).')
+  per_minibatch = rl.prompts_per_step // max(rl.minibatches, 1)
+  check(per_minibatch % rl.micro_batches == 0,
+        f'{per_minibatch} prompts per minibatch do not split into '
+        f'rl.micro_batches={rl.micro_batches} micro-batches of whole groups.')
+  check(0 < rl.top_p <= 1, f'rl.top_p={rl.top_p} must be in (0, 1].')
+  check(rl.temperature >= 0, f'rl.temperature={rl.temperature} must be >= 0.')
+  try:
+    shape = sharding.mesh_shape(dict(c.mesh), num_devices)
+    rows = shape[0] * shape[1]
+    check(n % rows == 0, f'rl.prompts_per_step * rl.group_size = {n} rows is not divisible '
+                         f'by the data-parallel devices mesh.data * mesh.fsdp = {rows}.')
+  except ValueError as e:
+    errors.append(f'mesh: {e}')
+  check(c.data.source in ('task', 'jsonl', 'parquet'),
+        f"data.source={c.data.source!r}; known: 'task', 'jsonl', 'parquet'.")
+  if c.data.source == 'task':
+    check(c.data.task in tasks.TASKS, f'data.task={c.data.task!r}; known: {sorted(tasks.TASKS)}.')
+  elif not c.data.path:
+    errors.append(f'data.path is empty but data.source={c.data.source!r} needs a file.')
+  check(max(c.data.prompt_buckets) > 0, 'data.prompt_buckets must hold a positive length.')
+  check(c.model.init in ('random', 'hf'), f"model.init={c.model.init!r}; known: 'random', 'hf'.")
+  if c.model.init == 'hf':
+    check(bool(c.model.path), 'model.path is empty but model.init is "hf".')
+  for field, registry_dict in (('advantage', advantages.ESTIMATORS),
+                               ('policy_loss', losses.POLICY_LOSSES),
+                               ('aggregation', aggregation.AGGREGATIONS),
+                               ('kl_estimator', kl.KL_ESTIMATORS)):
+    value = c.objective[field]
+    check(value in registry_dict, f'objective.{field}={value!r}; known: {sorted(registry_dict)}.')
+  for name in c.objective.transforms:
+    check(name in advantage_transforms.TRANSFORMS,
+          f'objective.transforms has {name!r}; known: {sorted(advantage_transforms.TRANSFORMS)}.')
+  try:
+    registry.check_name(c.verifier.name)
+  except ValueError as e:
+    errors.append(f'verifier.name: {e}')
+  check(c.verifier.deadline_s > 0, f'verifier.deadline_s={c.verifier.deadline_s} must be > 0.')
+  check(c.eval.k >= 1, f'eval.k={c.eval.k} must be >= 1.')
+  if errors:
+    raise ValueError('invalid config:\n  ' + '\n  '.join(errors))

@@ -1,0 +1,87 @@
+"""Metric writers: TensorBoard event files, a JSONL log, and a one-line progress report.
+
+`Writer.write(step, metrics)` takes device or host scalars. The loop hands it step t's
+metrics while step t+1 runs (one step late), so reading them never stalls the device.
+Only process 0 writes; other processes get a writer that does nothing.
+
+Deliberately not here: computing metrics (losses.py, sampler.py, verifiers do that), plots
+(experiments draw them from the JSONL log).
+"""
+
+from collections.abc import Mapping
+import json
+import pathlib
+import sys
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+
+def to_host(metrics: Mapping[str, Any]) -> dict[str, float]:
+  """Scalars only, as Python floats; one device_get for the whole dict."""
+  host = jax.device_get(dict(metrics))
+  return {k: float(np.asarray(v)) for k, v in host.items() if np.asarray(v).size == 1}
+
+
+class Writer:
+  """TensorBoard + JSONL + progress line; a no-op on processes other than 0."""
+
+  def __init__(self, workdir: str | pathlib.Path, *, total_steps: int | None = None,
+               tensorboard: bool = True, stream=sys.stdout, every: int = 1):
+    self.active = jax.process_index() == 0
+    self.total_steps, self.stream, self.every = total_steps, stream, every
+    self._start, self._start_step = time.time(), None
+    self._tb = self._jsonl = None
+    if not self.active:
+      return
+    workdir = pathlib.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    self.jsonl_path = workdir / 'metrics.jsonl'
+    self._jsonl = open(self.jsonl_path, 'a', encoding='utf-8')
+    if tensorboard:
+      import tensorboardX  # Writes event files without TensorFlow.
+      self.tensorboard_dir = workdir / 'tensorboard'
+      self._tb = tensorboardX.SummaryWriter(str(self.tensorboard_dir))
+
+  def write(self, step: int, metrics: Mapping[str, Any], *, prefix: str = '') -> dict[str, float]:
+    host = {prefix + k: v for k, v in to_host(metrics).items()}
+    if not self.active:
+      return host
+    self._jsonl.write(json.dumps({'step': int(step), **host}) + '\n')
+    self._jsonl.flush()
+    if self._tb is not None:
+      for k, v in host.items():
+        self._tb.add_scalar(k.replace('@', '_at_'), v, int(step))  # TB rejects '@'.
+    return host
+
+  def progress(self, step: int, summary: Mapping[str, float], keys=()) -> None:
+    """One line with rate and ETA: `step 40/200 | 2.1 s/step | ETA 5m36s | reward 0.41`."""
+    if not self.active or step % self.every:
+      return
+    if self._start_step is None:
+      self._start, self._start_step = time.time(), step
+      rate = float('nan')
+    else:
+      rate = (time.time() - self._start) / max(step - self._start_step, 1)
+    parts = [f'step {step}' + (f'/{self.total_steps}' if self.total_steps else '')]
+    if rate == rate:  # Not NaN: at least one step has been timed.
+      parts.append(f'{rate:.2f} s/step')
+      if self.total_steps:
+        eta = int(rate * max(self.total_steps - step, 0))
+        parts.append(f'ETA {eta // 60}m{eta % 60:02d}s')
+    parts += [f'{k.split("/")[-1]} {summary[k]:.4g}' for k in keys if k in summary]
+    print(' | '.join(parts), file=self.stream, flush=True)
+
+  def close(self) -> None:
+    if self._jsonl is not None:
+      self._jsonl.close()
+    if self._tb is not None:
+      self._tb.close()
+
+
+def read_jsonl(path: str | pathlib.Path) -> list[dict[str, float]]:
+  """The metrics log as a list of dicts (for plots and tests)."""
+  with open(path, encoding='utf-8') as f:
+    return [json.loads(line) for line in f if line.strip()]

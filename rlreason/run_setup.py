@@ -1,0 +1,255 @@
+"""Everything a run builds once from its config: model, tokenizer, data, verifiers, jitted steps.
+
+`build(config, workdir) -> Run`. The Run holds the pieces the loop in train.py uses, plus the
+supervised warm start (`sft_loop`), which shares the same state and checkpoints.
+
+Deliberately not here: the RL loop (train.py), per-step batch construction (rl_batch.py).
+"""
+
+import dataclasses
+import importlib
+import logging
+import pathlib
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from rlreason import checkpoint
+from rlreason import data
+from rlreason import model
+from rlreason import sampler
+from rlreason import sharding
+from rlreason import tasks
+from rlreason import tokenizer as tokenizer_lib
+from rlreason import update
+from rlreason import weights
+from rlreason.structs import Prompts
+from rlreason.verifiers import pool as pool_lib
+
+
+@dataclasses.dataclass
+class Run:
+  """The built pieces of a run; see `build`."""
+  config: ml_collections.ConfigDict
+  workdir: pathlib.Path
+  cfg: model.ModelConfig
+  tok: tokenizer_lib.Tokenizer
+  pad_id: int
+  mesh: jax.sharding.Mesh
+  state_shardings: Any
+  sample_shardings: Any
+  objective: update.Objective
+  train_step: Callable
+  logprobs: Callable
+  init_params: Any
+  data_iter: Any
+  eval_examples: list
+  eval_chunk: int
+  pool: pool_lib.VerifierPool
+  checkpointer: checkpoint.Checkpointer
+  root_rng: jax.Array
+  eval_rng: jax.Array
+  optimizer: Any
+  ref_params: Any = None
+
+  def restore_or_init(self):
+    """(state, step): the newest restorable checkpoint, or fresh state at step 0."""
+    abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            self._fresh_state(), self.state_shardings)
+    restored = self.checkpointer.restore(abstract)
+    if restored is None:
+      return self._fresh_state(), 0
+    step, state, data_state, _ = restored
+    if data_state:
+      self.data_iter.set_state(data_state)
+    logging.info('resumed from step %d in %s', step, self.workdir)
+    if self.config.objective.kl_coef:
+      self.ref_params = self._ref_from_checkpoint(abstract)
+    return state, step
+
+  def _fresh_state(self):
+    with jax.set_mesh(self.mesh):
+      return jax.jit(lambda p: update.init_state(p, self.optimizer),
+                     out_shardings=self.state_shardings)(self.init_params)
+
+  def _ref_from_checkpoint(self, abstract):
+    # The reference policy is the step-0 policy (after the warm start), saved at step 0.
+    restored = self.checkpointer.restore(abstract, step=0)
+    return None if restored is None else restored[1].params
+
+  def save(self, step: int, state, *, metrics=None) -> None:
+    if step == 0 and self.config.objective.kl_coef:
+      self.ref_params = jax.tree.map(jnp.copy, state.params)
+    self.checkpointer.save(step, state, data_state=self.data_iter.get_state(),
+                           config=self.config.to_dict(), metrics=metrics, force=True)
+    self.checkpointer.wait()
+
+  def close(self) -> None:
+    self.checkpointer.close()
+    self.pool.close()
+
+
+def _tokenizer(config) -> tokenizer_lib.Tokenizer:
+  if config.tokenizer.kind == 'chars':
+    if config.data.source != 'task':
+      raise ValueError("tokenizer.kind='chars' needs data.source='task' (it uses the task's "
+                       'character set); set tokenizer.kind="hf" and tokenizer.path.')
+    return tokenizer_lib.from_characters(tasks.get_task(config.data.task).chars)
+  return tokenizer_lib.load(config.tokenizer.path, extra_eos=tuple(config.tokenizer.extra_eos))
+
+
+def _examples(config):
+  """(infinite batched train iterator, held-out list) for the configured source."""
+  d, b = config.data, config.rl.prompts_per_step
+  shard = dict(shard_index=jax.process_index(), shard_count=jax.process_count())
+  if d.source == 'task':
+    options = dict(d.task_options)
+    stream = data.synthetic_stream(d.task, seed=config.seed, difficulty=d.difficulty,
+                                   options=options, held_out_fraction=d.held_out_fraction,
+                                   **shard)
+    held_out = data.held_out_set(d.task, config.eval.num_prompts, seed=config.seed,
+                                 difficulty=d.difficulty, options=options,
+                                 held_out_fraction=d.held_out_fraction)
+  else:
+    fmt = data.GSM8K if d.format == 'gsm8k' else data.MATH
+    load = data.load_jsonl if d.source == 'jsonl' else data.load_parquet
+    train_examples = load(d.path, fmt)
+    held_out = load(d.eval_path, fmt)[:config.eval.num_prompts] if d.eval_path else []
+    stream = data.examples_dataset(train_examples, seed=config.seed, **shard)
+  return iter(data.batched(stream, b)), held_out
+
+
+def _params(config, tok):
+  m = config.model
+  if m.init == 'hf':
+    cfg, params = weights.load(m.path, param_dtype=m.param_dtype, compute_dtype=m.compute_dtype)
+    return cfg.replace(remat=m.remat), params
+  arch = dict(m.arch)
+  arch['vocab_size'] = arch['vocab_size'] or tok.vocab_size
+  cfg = model.ModelConfig(**arch, param_dtype=m.param_dtype, compute_dtype=m.compute_dtype,
+                          remat=m.remat)
+  return cfg, model.init_params(cfg, jax.random.key(config.seed))
+
+
+def make_optimizer(*, lr: float, warmup_steps: int, b1: float = 0.9, b2: float = 0.999,
+                   weight_decay: float = 0.0, grad_clip: float = 1.0):
+  schedule = optax.linear_schedule(0.0, lr, warmup_steps) if warmup_steps else lr
+  return optax.chain(optax.clip_by_global_norm(grad_clip),
+                     optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay))
+
+
+def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run:
+  tok = _tokenizer(config)
+  cfg, params = _params(config, tok)
+  if tok.vocab_size > cfg.vocab_size:
+    raise ValueError(f'tokenizer has {tok.vocab_size} ids but the model only '
+                     f'{cfg.vocab_size} (model.arch.vocab_size / the checkpoint).')
+  mesh = sharding.make_mesh(dict(config.mesh))
+  param_sh = sharding.param_shardings(cfg, mesh, sharding.TRAIN_RULES)
+  params = jax.device_put(params, param_sh)
+  opt = config.optimizer
+  optimizer = make_optimizer(lr=opt.lr, warmup_steps=opt.warmup_steps, b1=opt.b1, b2=opt.b2,
+                             weight_decay=opt.weight_decay, grad_clip=opt.grad_clip)
+  abstract_state = jax.eval_shape(lambda p: update.init_state(p, optimizer), params)
+  state_sh = update.state_shardings(abstract_state, param_sh, mesh)
+  o = config.objective
+  objective = update.Objective(
+      policy_loss=o.policy_loss, loss_kwargs=tuple(sorted(dict(o.loss_kwargs).items())),
+      aggregation=o.aggregation, max_len=config.rl.max_new_tokens, kl_coef=o.kl_coef,
+      kl_estimator=o.kl_estimator, entropy_coef=o.entropy_coef,
+      temperature=max(config.rl.temperature, 1e-6), group_size=config.rl.group_size)
+  train_step = jax.jit(
+      lambda s, b: update.train_step(s, b, cfg=cfg, objective=objective, optimizer=optimizer,
+                                     micro_batches=config.rl.micro_batches),
+      out_shardings=(state_sh, None), donate_argnums=0)
+  logprobs = jax.jit(lambda p, t, m, l: update.logprobs_step(
+      p, t, m, cfg=cfg, completion_len=l, temperature=objective.temperature),
+                     static_argnums=3)
+  data_iter, eval_examples = _examples(config)
+  pad_id = tok.pad_id if tok.pad_id is not None else 0
+  root = jax.random.key(config.seed)
+  run = Run(
+      config=config, workdir=pathlib.Path(workdir), cfg=cfg, tok=tok, pad_id=pad_id, mesh=mesh,
+      state_shardings=state_sh,
+      sample_shardings=sharding.param_shardings(cfg, mesh, sharding.SAMPLE_RULES),
+      objective=objective, train_step=train_step, logprobs=logprobs, init_params=params,
+      data_iter=data_iter, eval_examples=eval_examples,
+      eval_chunk=min(len(eval_examples), 256) or 1,
+      pool=pool_lib.VerifierPool(num_workers=config.verifier.workers),
+      checkpointer=checkpoint.Checkpointer(workdir, keep=config.checkpoint.keep,
+                                           best_metric='eval/pass@1'),
+      root_rng=jax.random.fold_in(root, 1), eval_rng=jax.random.fold_in(root, 2),
+      optimizer=optimizer)
+  return run
+
+
+def encode_prompts(run: Run, examples) -> Prompts:
+  template = run.config.data.prompt_template
+  ids = [run.tok.encode(template.format(prompt=ex.prompt)) for ex in examples]
+  return sampler.prepare_prompts(ids, buckets=run.config.data.prompt_buckets, pad_id=run.pad_id)
+
+
+def teacher_fn(name: str, options) -> Callable:
+  """The SFT teacher: reference solutions, or 'package.module:function'(example, rng=, **opts)."""
+  if not name:
+    return lambda example, rng: example.solution
+  module, attr = name.split(':')
+  fn = getattr(importlib.import_module(module), attr)
+  return lambda example, rng: fn(example, rng=rng, **dict(options))
+
+
+def sft_batch(run: Run, examples, solutions, length: int):
+  """Right-padded prompt+solution+eos rows and the loss mask on solution+eos."""
+  tokens = np.full((len(examples), length), run.pad_id, np.int32)
+  loss_mask = np.zeros((len(examples), length), bool)
+  template = run.config.data.prompt_template
+  for i, (ex, sol) in enumerate(zip(examples, solutions)):
+    prompt = run.tok.encode(template.format(prompt=ex.prompt))
+    target = run.tok.encode(sol) + [run.tok.eos_id]
+    row = (prompt + target)[:length]
+    tokens[i, :len(row)] = row
+    loss_mask[i, len(prompt):len(row)] = True
+  return jnp.asarray(tokens), jnp.asarray(loss_mask)
+
+
+def sft_loop(run: Run, state, *, steps: int, writer=None, solutions=None):
+  """Supervised next-token training on teacher solutions; returns (state, metrics).
+
+  `solutions(examples, rng) -> list[str | None]` overrides the configured teacher (rejection
+  sampling fine-tuning passes verified samples); rows whose solution is None are skipped.
+  """
+  if steps <= 0:
+    return state, {}
+  s = run.config.sft
+  optimizer = make_optimizer(lr=s.lr, warmup_steps=s.warmup_steps)
+  teacher = teacher_fn(s.teacher, s.teacher_options)
+  solutions = solutions or (lambda exs, rng: [teacher(ex, rng) for ex in exs])
+  sft_state = update.init_state(state.params, optimizer)
+  length = max(run.config.data.prompt_buckets) + run.config.rl.max_new_tokens + 1
+  step_fn = jax.jit(lambda st, t, m: update.sft_step(st, t, m, cfg=run.cfg, optimizer=optimizer),
+                    donate_argnums=0)
+  stream = iter(data.batched(data.synthetic_stream(
+      run.config.data.task, seed=run.config.seed + 7919, difficulty=run.config.data.difficulty,
+      options=dict(run.config.data.task_options),
+      held_out_fraction=run.config.data.held_out_fraction), s.batch_size))
+  rng = np.random.default_rng([run.config.seed, 1])
+  metrics = {}
+  for i in range(steps):
+    examples = next(stream)
+    sols = solutions(examples, rng)
+    keep = [(ex, sol) for ex, sol in zip(examples, sols) if sol is not None]
+    if not keep:
+      continue
+    # Cycle the kept rows to a full batch: one shape, one compilation.
+    take = [keep[i % len(keep)] for i in range(len(examples))]
+    tokens, mask = sft_batch(run, [ex for ex, _ in take], [sol for _, sol in take], length)
+    sft_state, metrics = step_fn(sft_state, tokens, mask)
+    if writer is not None and (i % 50 == 0 or i == steps - 1):
+      writer.write(i - steps, metrics, prefix='sft/')
+  state = state.replace(params=sft_state.params)
+  return state, {f'sft/{k}': v for k, v in metrics.items()}
+

@@ -1,0 +1,146 @@
+"""The RL loop: prompts -> sampler -> verifiers -> advantages -> updates -> eval -> log -> ckpt.
+
+`train(config, workdir)` is the whole job; `main.py` is its command line. Everything the loop
+needs is built once by `build` into a `Run`; the loop itself (`train`, one screen) is the only
+impure code in the package. Device work happens in jitted pure functions (sampler.generate,
+update.logprobs_step, update.train_step); the host sees token ids (to decode for the
+verifiers) and scalar metrics, one step late.
+
+Deliberately not here: asynchronous sampling (the loop is synchronous), multi-host data
+feeding beyond per-process sharding of the prompt stream, value heads.
+"""
+
+import contextlib
+import logging
+import time
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from rlreason import checkpoint
+from rlreason import config as config_lib
+from rlreason import metrics as metrics_lib
+from rlreason import sampler
+from rlreason import sharding
+from rlreason.rl_batch import advantages_for, dynamic_filter, make_train_batch, verify
+from rlreason.run_setup import Run, build, encode_prompts, sft_loop
+
+
+@contextlib.contextmanager
+def phase(times: dict[str, float], name: str):
+  start = time.perf_counter()
+  yield
+  times[f'time/{name}_s'] = times.get(f'time/{name}_s', 0.0) + time.perf_counter() - start
+
+
+def sample_and_verify(run: Run, params, examples, rng, *, progress: float):
+  """One batch of B prompts x G samples, scored: (rollout, rewards_BxG, verifier metrics)."""
+  rl = run.config.rl
+  rollout = sampler.generate(
+      params, encode_prompts(run, examples), cfg=run.cfg, group_size=rl.group_size,
+      max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_k=rl.top_k,
+      top_p=rl.top_p, stop_tokens=tuple(run.tok.eos_ids), pad_id=run.pad_id, rng=rng,
+      mesh=run.mesh)
+  rewards_BxG, vmetrics = verify(run, rollout, examples, progress=progress)
+  return rollout, rewards_BxG, vmetrics
+
+
+def evaluate_policy(run: Run, params, rng) -> dict[str, float]:
+  """Greedy (or eval.temperature) pass@1 / mean@k on the held-out prompts."""
+  from rlreason import evaluate
+  cfg_eval, examples, correct = run.config.eval, run.eval_examples, []
+  chunk = run.eval_chunk
+  for start in range(0, len(examples), chunk):
+    part = examples[start:start + chunk]
+    padded = part + [part[-1]] * (chunk - len(part))  # One shape for every chunk.
+    rollout = sampler.generate(
+        params, encode_prompts(run, padded), cfg=run.cfg, group_size=cfg_eval.k,
+        max_new_tokens=run.config.rl.max_new_tokens, temperature=cfg_eval.temperature,
+        stop_tokens=tuple(run.tok.eos_ids), pad_id=run.pad_id, rng=rng, mesh=run.mesh)
+    _, verdicts = verify(run, rollout, padded, progress=1.0, return_verdicts=True)
+    ok = np.array([v.status == 'correct' for v in verdicts]).reshape(chunk, cfg_eval.k)
+    correct.append(ok[:len(part)])
+  summary = evaluate.summarize(np.concatenate(correct), ks=(1, cfg_eval.k))
+  return {f'eval/{k}': v for k, v in summary.items()}
+
+
+def rl_step(run: Run, state, step: int, times: dict[str, float]):
+  """Sample, verify, filter, compute advantages, and update: (state, metrics)."""
+  rl, progress = run.config.rl, step / max(run.config.rl.steps, 1)
+  rng = jax.random.fold_in(run.root_rng, step)
+  sample_params = sharding.reshard(state.params, run.sample_shardings)
+  groups, metrics = [], {}
+  for attempt in range(1 + (rl.max_refill_rounds if rl.dynamic_sampling else 0)):
+    with phase(times, 'sample'):
+      examples = next(run.data_iter)
+      rollout, rewards_BxG, vmetrics = sample_and_verify(
+          run, sample_params, examples, jax.random.fold_in(rng, attempt), progress=progress)
+    if attempt == 0:
+      metrics.update(vmetrics)
+    groups.append((rollout, rewards_BxG))
+    if not rl.dynamic_sampling or dynamic_filter(groups, rl.prompts_per_step)[1] >= 1.0:
+      break
+  rollout, rewards_BxG, kept_frac = dynamic_filter(groups, rl.prompts_per_step,
+                                                   enabled=rl.dynamic_sampling)
+  metrics['dynamic_sampling/filled_frac'] = kept_frac
+  metrics['dynamic_sampling/rounds'] = len(groups)
+  with phase(times, 'update'):
+    batch, stats = make_train_batch(run, state.params, rollout)
+    adv_NxL = advantages_for(run, rewards_BxG, stats, batch.loss_mask_NxL, progress=progress)
+    batch = batch.replace(advantages_NxL=adv_NxL)
+    perm = np.arange(rl.prompts_per_step)
+    for epoch in range(rl.epochs):
+      if epoch:  # Reshuffle whole groups between epochs, deterministically per step.
+        perm = np.random.default_rng([run.config.seed, step, epoch]).permutation(perm)
+      for mb in np.array_split(perm, rl.minibatches):
+        rows = (mb[:, None] * rl.group_size + np.arange(rl.group_size)).reshape(-1)
+        state, step_metrics = run.train_step(state, jax.tree.map(lambda x: x[rows], batch))
+  metrics.update(step_metrics)
+  metrics.update(sampler.metrics(rollout))
+  metrics['train/reward'] = rewards_BxG.mean()
+  return state, metrics
+
+
+def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[str, float]]:
+  """Runs (or resumes) the job in `workdir`: (final TrainState, last evaluation metrics)."""
+  config_lib.validate(config, num_devices=jax.device_count())
+  run = build(config, workdir)
+  writer = metrics_lib.Writer(workdir, total_steps=config.rl.steps, every=config.log_every)
+  preempt = checkpoint.PreemptionFlag()
+  state, start = run.restore_or_init()
+  if start == 0:
+    with jax.set_mesh(run.mesh):
+      state, sft_metrics = sft_loop(run, state, steps=config.sft.steps, writer=writer)
+    eval_metrics = evaluate_policy(run, state.params, run.eval_rng)
+    writer.write(0, {**sft_metrics, **eval_metrics})
+    logging.info('after SFT warm start: %s', eval_metrics)
+    run.save(0, state, metrics=eval_metrics)
+  eval_metrics, pending = {}, None
+  for step in range(start + 1, config.rl.steps + 1):
+    times, t0 = {}, time.perf_counter()
+    with jax.set_mesh(run.mesh):
+      state, metrics = rl_step(run, state, step, times)
+    if pending is not None:  # Step t-1's device scalars, read while step t ran.
+      summary = writer.write(*pending)
+      writer.progress(pending[0], summary, keys=('train/reward', 'eval/pass@1', 'loss'))
+    metrics.update(times)
+    metrics['time/step_s'] = time.perf_counter() - t0
+    if config.eval.every and (step % config.eval.every == 0 or step == config.rl.steps):
+      with phase(metrics, 'eval'):
+        eval_metrics = evaluate_policy(run, state.params, run.eval_rng)
+      metrics.update(eval_metrics)
+    pending = (step, metrics)
+    last = step == config.rl.steps or preempt.should_stop(step, run.checkpointer.latest)
+    if last or (config.checkpoint.every and step % config.checkpoint.every == 0):
+      run.save(step, state, metrics=eval_metrics if 'eval/pass@1' in metrics else None)
+    if last:
+      break
+  if pending is not None:
+    writer.progress(pending[0], writer.write(*pending), keys=('train/reward', 'eval/pass@1'))
+  run.close()
+  writer.close()
+  preempt.restore_handlers()
+  return state, eval_metrics
+

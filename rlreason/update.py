@@ -1,0 +1,209 @@
+"""The learner's pure steps: init_state, logprobs_step, train_step, sft_step.
+
+  state = init_state(cfg, optimizer, rng, shardings=...)           # or from a checkpoint
+  stats = logprobs_step(params, tokens_NxT, mask_NxT, cfg=..., completion_len=L)
+  state, metrics = train_step(state, batch, cfg=..., objective=..., optimizer=...)
+
+All are jittable with no I/O; the caller jits them with explicit shardings and donates the
+state. Log-probs of completion token l come from position P + l - 1 (P = T - L), computed
+chunk by chunk from the final hidden states (token_stats.py), so the NxTxV logits never exist.
+
+A train step accumulates gradients over micro-batches with a scan. Every normaliser is a
+global count computed on the whole minibatch before the split (aggregation.denominators), so
+the loss and gradient do not depend on the number of micro-batches. A non-finite loss or
+gradient leaves params and optimizer state untouched and increments `state.skipped`.
+
+Deliberately not here: sampling, rewards, advantages (the batch carries them), the loop.
+"""
+
+import dataclasses
+import inspect
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from rlreason import aggregation
+from rlreason import kl
+from rlreason import losses
+from rlreason import model
+from rlreason import token_stats
+from rlreason.loss_diagnostics import policy_metrics
+from rlreason.structs import TrainBatch, TrainState
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+  """What train_step minimises; hashable so it can be a static jit argument.
+
+  loss_kwargs are keyword options of the policy loss as (name, value) pairs, e.g.
+  (('eps_low', 0.2), ('eps_high', 0.28)).
+  """
+  policy_loss: str = 'ppo_clip'
+  loss_kwargs: tuple[tuple[str, Any], ...] = ()
+  aggregation: str = 'token_mean'
+  max_len: int | None = None  # L_max for the constant_normalizer aggregation.
+  kl_coef: float = 0.0
+  kl_estimator: str = 'k3'
+  entropy_coef: float = 0.0
+  temperature: float = 1.0
+  group_size: int = 1
+
+  def __post_init__(self):
+    losses.get_policy_loss(self.policy_loss)  # Unknown names fail here, listing known ones.
+    aggregation.get_aggregation(self.aggregation)
+    kl.get_kl_estimator(self.kl_estimator)
+
+
+def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
+  """A fresh TrainState around given params (jit it with out_shardings to place it)."""
+  return TrainState(params=params, opt_state=optimizer.init(params),
+                    step=jnp.zeros((), jnp.int32), skipped=jnp.zeros((), jnp.int32))
+
+
+def state_shardings(abstract_state: TrainState, param_shardings, mesh):
+  """Shardings for a TrainState: optimizer moments follow their parameter, the rest replicate.
+
+  An optax state holds parameter-shaped trees (Adam's mu and nu); a leaf whose tree path
+  ends with a parameter's path and has its shape gets that parameter's sharding.
+  """
+  replicated = jax.sharding.NamedSharding(mesh, jax.P())
+  params_flat = jax.tree_util.tree_flatten_with_path(abstract_state.params)[0]
+  shard_flat = jax.tree.leaves(param_shardings)
+  by_path = [(jax.tree_util.keystr(p), x.shape, s) for (p, x), s in zip(params_flat, shard_flat)]
+
+  def pick(path, leaf):
+    key = jax.tree_util.keystr(path)
+    for suffix, shape, s in by_path:
+      if key.endswith(suffix) and leaf.shape == shape:
+        return s
+    return replicated
+
+  opt = jax.tree_util.tree_map_with_path(pick, abstract_state.opt_state)
+  return TrainState(params=param_shardings, opt_state=opt, step=replicated, skipped=replicated)
+
+
+def _output_matrix(params, cfg: model.ModelConfig):
+  return params['embed'].T if cfg.tie_embeddings else params['lm_head']
+
+
+def completion_stats(params, tokens_NxT, mask_NxT, *, cfg: model.ModelConfig,
+                     completion_len: int, temperature: float = 1.0, token_chunk: int = 512,
+                     vocab_chunk: int = 8192) -> token_stats.TokenStats:
+  """Log-prob, entropy and sum of squared probs of each completion token (NxL), chunked."""
+  p = tokens_NxT.shape[1] - completion_len
+  h_NxTxD, _ = model.apply(params, tokens_NxT, cfg=cfg, mask_NxT=mask_NxT, return_hidden=True)
+  return token_stats.token_stats_from_hidden(
+      h_NxTxD[:, p - 1:-1], _output_matrix(params, cfg), tokens_NxT[:, p:],
+      temperature=temperature, token_chunk=token_chunk, vocab_chunk=vocab_chunk)
+
+
+def logprobs_step(params, tokens_NxT, mask_NxT, *, cfg: model.ModelConfig, completion_len: int,
+                  temperature: float = 1.0) -> token_stats.TokenStats:
+  """Old or reference log-probs (and OTB's per-token statistics), without gradients."""
+  return jax.lax.stop_gradient(completion_stats(
+      params, tokens_NxT, mask_NxT, cfg=cfg, completion_len=completion_len,
+      temperature=temperature))
+
+
+def _policy_loss_kwargs(fn, batch: TrainBatch, objective: Objective) -> dict[str, Any]:
+  """Options from the objective, plus the batch fields a loss asks for by name."""
+  params = inspect.signature(fn).parameters
+  extra = {'group_size': objective.group_size, 'prefix_mask_NxL': batch.prefix_mask_NxL,
+           'behavior_logprobs_NxL': batch.behaviour_logprobs_NxL,
+           'behaviour_logprobs_NxL': batch.behaviour_logprobs_NxL}
+  kwargs = {k: v for k, v in extra.items() if k in params}
+  kwargs.update(dict(objective.loss_kwargs))
+  return kwargs
+
+
+def loss_fn(params, batch: TrainBatch, denominator, *, cfg: model.ModelConfig,
+            objective: Objective):
+  """Aggregated loss (already divided by the global denominator) and its metrics."""
+  stats = completion_stats(params, batch.tokens_NxT, batch.mask_NxT, cfg=cfg,
+                           completion_len=batch.loss_mask_NxL.shape[1],
+                           temperature=objective.temperature)
+  logprobs_NxL, mask_NxL = stats.logprobs_NxT, batch.loss_mask_NxL
+  fn = losses.get_policy_loss(objective.policy_loss)
+  loss_NxL, weights_NxL, metrics = fn(logprobs_NxL, batch.old_logprobs_NxL,
+                                      batch.advantages_NxL, mask_NxL,
+                                      **_policy_loss_kwargs(fn, batch, objective))
+  if objective.kl_coef:
+    kl_NxL = kl.get_kl_estimator(objective.kl_estimator)(logprobs_NxL, batch.ref_logprobs_NxL)
+    loss_NxL = loss_NxL + objective.kl_coef * kl_NxL
+    metrics['kl'] = aggregation.masked_mean(kl_NxL, mask_NxL)
+  if objective.entropy_coef:
+    loss_NxL = loss_NxL - objective.entropy_coef * stats.entropy_NxT
+  total = aggregation.aggregate(loss_NxL, weights_NxL, mode=objective.aggregation,
+                                denominator=denominator)
+  metrics.update(policy_metrics(mask_NxL, entropy_NxL=stats.entropy_NxT,
+                                logprobs_NxL=logprobs_NxL))
+  return total, metrics
+
+
+def _split(tree, num: int):
+  """Leading axis N -> (num, N / num): consecutive rows stay together (whole groups)."""
+  return jax.tree.map(lambda x: x.reshape(num, x.shape[0] // num, *x.shape[1:]), tree)
+
+
+def _apply_if_finite(state: TrainState, grads, loss, optimizer):
+  grad_norm = optax.tree.norm(grads)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+  new_state = TrainState(params=keep(params, state.params),
+                         opt_state=keep(opt_state, state.opt_state),
+                         step=state.step + finite.astype(jnp.int32),
+                         skipped=state.skipped + (~finite).astype(jnp.int32))
+  return new_state, {'loss': loss, 'grad_norm': grad_norm,
+                     'skipped_nonfinite': (~finite).astype(jnp.float32)}
+
+
+def accumulate_gradients(per_micro_loss, params, micro_batches, num: int):
+  """Sum over micro-batches of (loss, grad, metrics) with a scan; metrics are averaged."""
+  grad_fn = jax.value_and_grad(per_micro_loss, has_aux=True)
+
+  def body(carry, micro):
+    loss_sum, grad_sum = carry
+    (loss, metrics), grads = grad_fn(params, micro)
+    return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), metrics
+
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  (loss, grads), metrics = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros),
+                                        _split(micro_batches, num))
+  return loss, grads, jax.tree.map(lambda m: m.mean(0), metrics)
+
+
+def train_step(state: TrainState, batch: TrainBatch, *, cfg: model.ModelConfig,
+               objective: Objective, optimizer: optax.GradientTransformation,
+               micro_batches: int = 1):
+  """One optimizer update on a minibatch: (state, metrics)."""
+  n = batch.tokens_NxT.shape[0]
+  if n % micro_batches or (n // micro_batches) % objective.group_size:
+    raise ValueError(f'train_step: {n} rows do not split into {micro_batches} micro-batches '
+                     f'of whole groups of {objective.group_size}.')
+  denominator = aggregation.denominators(batch.loss_mask_NxL, mode=objective.aggregation,
+                                         max_len=objective.max_len)
+  per_micro = lambda p, micro: loss_fn(p, micro, denominator, cfg=cfg, objective=objective)
+  loss, grads, metrics = accumulate_gradients(per_micro, state.params, batch, micro_batches)
+  state, step_metrics = _apply_if_finite(state, grads, loss, optimizer)
+  return state, {**metrics, **step_metrics}
+
+
+def sft_step(state: TrainState, tokens_NxT, loss_mask_NxT, *, cfg: model.ModelConfig,
+             optimizer: optax.GradientTransformation, micro_batches: int = 1):
+  """Next-token cross-entropy on the tokens where loss_mask is set (the solution part)."""
+  denominator = jnp.maximum(loss_mask_NxT[:, 1:].sum(dtype=jnp.float32), 1.0)
+
+  def per_micro(params, micro):
+    tokens, loss_mask = micro
+    logits = model.apply(params, tokens[:, :-1], cfg=cfg)[0]  # Right padding: causal, harmless.
+    logp = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), tokens[:, 1:, None], -1)[..., 0]
+    return -jnp.sum(jnp.where(loss_mask[:, 1:], logp, 0.0)) / denominator, {}
+
+  loss, grads, metrics = accumulate_gradients(per_micro, state.params,
+                                              (tokens_NxT, loss_mask_NxT), micro_batches)
+  state, step_metrics = _apply_if_finite(state, grads, loss, optimizer)
+  return state, {**metrics, **step_metrics}

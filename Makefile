@@ -3,27 +3,40 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
+SEED ?= 0
+WORKDIR ?= workdir/demo_seed$(SEED)
 
-.PHONY: demo test bench lint clean
+.PHONY: demo test bench clean system-deps
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -e .
+	$(PIP) install --quiet -e '.[demo]'
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed setup.py
-	$(PIP) install --quiet -e '.[test]'
+	$(PIP) install --quiet -e '.[test,demo]'
 	touch $@
 
-demo: $(VENV)/.installed
-	$(PY) -m experiments.demo
+# SWI-Prolog for the prolog verifier's tests (Debian package; needs root, as on CI).
+system-deps:
+	@command -v swipl >/dev/null 2>&1 || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq swi-prolog-nox >/dev/null; }
 
-test: $(VENV)/.installed-test
+# SFT warm start, then GRPO, then the SFT-only and rejection-sampling baselines and the plot.
+demo: $(VENV)/.installed
+	rm -rf $(WORKDIR)
+	$(PY) -m rlreason.main --config experiments/demo.py:$(SEED) --workdir $(WORKDIR)
+	$(PY) -m experiments.demo_report --config experiments/demo.py:$(SEED) --workdir $(WORKDIR)
+
+test: $(VENV)/.installed-test system-deps
 	$(PY) -m pytest tests -q -n 2 --dist loadfile
 
 bench: $(VENV)/.installed-test
 	$(PY) -m experiments.bench.forward
+	$(PY) -m experiments.bench.sampler
+	$(PY) -m experiments.bench.losses
+	$(PY) -m experiments.bench.verifiers
 
 clean:
 	rm -rf $(VENV) .jax_cache .pytest_cache *.egg-info

@@ -5,6 +5,7 @@ import setuptools
 # Pinned to versions that resolve together on a CPU machine with Python 3.11 (Nov 2026).
 INSTALL_REQUIRES = [
     'absl-py==2.5.1',
+    'antlr4-python3-runtime==4.13.2',
     'chex==0.1.92',
     'flax==0.12.8',
     'grain==0.2.18',
@@ -12,13 +13,17 @@ INSTALL_REQUIRES = [
     'jax==0.10.2',
     'jaxlib==0.10.2',
     'jinja2==3.1.6',
+    'latex2sympy2_extended==1.11.0',
+    'math-verify[antlr4_13_2]==0.9.0',
     'ml-collections==1.1.0',
+    'mpmath==1.3.0',
     'numpy==2.4.6',
     'optax==0.2.8',
     'orbax-checkpoint==0.12.8',
     'pyarrow==26.0.1',
     'safetensors==0.8.0',
     'sentencepiece==0.2.3',
+    'sympy==1.14.0',
     'tensorboardX==2.6.5',  # TensorBoard event files without TensorFlow.
     'tensorflow-datasets==4.9.10',
     'tokenizers==0.23.3',
@@ -33,6 +38,7 @@ EXTRAS_REQUIRE = {
         'torch==2.13.0',
         'transformers==5.24.0',
     ],
+    'demo': ['matplotlib==3.11.2'],
     'launch': ['xmanager==0.8.5.post1'],
     'colab': ['matplotlib==3.11.2', 'nbclient==0.11.0', 'nbformat==5.11.1', 'ipykernel==7.4.0'],
 }

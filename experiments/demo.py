@@ -1,7 +1,8 @@
 """The embedded default: SFT a tiny model on a flawed teacher, then GRPO fixes the flaw.
 
-  python -m rlreason.main --config experiments/demo.py --workdir /tmp/demo
-  python -m experiments.demo_report --workdir /tmp/demo --seed 0     # all arms + the plot
+  make demo SEED=0      # both commands below, from a fresh clone
+  python -m rlreason.main --config experiments/demo.py:0 --workdir /tmp/demo
+  python -m experiments.demo_report --config experiments/demo.py:0 --workdir /tmp/demo
 
 Hardware: a 2-core CPU. Runtime: about 5 minutes for the full report.
 
@@ -17,7 +18,7 @@ from rlreason import config as config_lib
 
 def get_config(arg: str = ''):
   c = config_lib.default()
-  c.seed = int(arg) if arg else 0
+  c.seed = int(arg) if arg not in ('', 'runlocal') else 0
   c.data.task = 'arithmetic'
   c.data.difficulty = 5
   c.data.task_options = {'layout': 'columns', 'final_answer': False}
@@ -49,4 +50,19 @@ def get_config(arg: str = ''):
   c.checkpoint.every = 20
   c.mesh = dict(data=1, fsdp=1, tensor=1)
   c.log_every = 5
+  if arg == 'runlocal':
+    shrink_for_runlocal(c)
   return c
+
+
+def shrink_for_runlocal(c) -> None:
+  """Seconds-long settings for smoke tests: a smaller model, 2 RL steps, tiny eval."""
+  c.data.difficulty = 2
+  c.data.prompt_buckets = (8,)
+  c.model.arch.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                      num_kv_heads=1, head_dim=16)
+  c.sft.steps, c.sft.batch_size = 2, 8
+  c.rl.steps, c.rl.max_new_tokens = 2, 8
+  c.rl.prompts_per_step = max(c.rl.minibatches, 2) * 2
+  c.eval.every, c.eval.num_prompts = 2, 4
+  c.checkpoint.every = 0

@@ -56,8 +56,14 @@ class Writer:
         self._tb.add_scalar(k.replace('@', '_at_'), v, int(step))  # TB rejects '@'.
     return host
 
-  def progress(self, step: int, summary: Mapping[str, float], keys=()) -> None:
+  def progress(self, step: int, summary: Mapping[str, float], keys=(),
+               label: str | None = None) -> None:
     """One line with rate and ETA: `step 40/200 | 2.1 s/step | ETA 5m36s | reward 0.41`."""
+    if label is not None:  # A phase with its own counter (the SFT warm start): no ETA.
+      if self.active:
+        parts = [label] + [f'{k} {summary[k]:.4g}' for k in keys if k in summary]
+        print(' | '.join(parts), file=self.stream, flush=True)
+      return
     if not self.active or step % self.every:
       return
     if self._start_step is None:

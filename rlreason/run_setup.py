@@ -137,9 +137,10 @@ def _params(config, tok):
 
 def make_optimizer(*, lr: float, warmup_steps: int, b1: float = 0.9, b2: float = 0.999,
                    weight_decay: float = 0.0, grad_clip: float = 1.0):
+  """AdamW with linear warmup, after global-norm clipping when grad_clip > 0."""
   schedule = optax.linear_schedule(0.0, lr, warmup_steps) if warmup_steps else lr
-  return optax.chain(optax.clip_by_global_norm(grad_clip),
-                     optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay))
+  adamw = optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay)
+  return optax.chain(optax.clip_by_global_norm(grad_clip), adamw) if grad_clip > 0 else adamw
 
 
 def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run:
@@ -216,16 +217,18 @@ def sft_batch(run: Run, examples, solutions, length: int):
   return jnp.asarray(tokens), jnp.asarray(loss_mask)
 
 
-def sft_loop(run: Run, state, *, steps: int, writer=None, solutions=None):
+def sft_loop(run: Run, state, *, steps: int, writer=None, solutions=None, seed_offset: int = 0):
   """Supervised next-token training on teacher solutions; returns (state, metrics).
 
   `solutions(examples, rng) -> list[str | None]` overrides the configured teacher (rejection
   sampling fine-tuning passes verified samples); rows whose solution is None are skipped.
+  `seed_offset` picks another problem stream, so that a continuation does not replay the
+  warm start's problems.
   """
   if steps <= 0:
     return state, {}
   s = run.config.sft
-  optimizer = make_optimizer(lr=s.lr, warmup_steps=s.warmup_steps)
+  optimizer = make_optimizer(lr=s.lr, warmup_steps=s.warmup_steps, grad_clip=s.grad_clip)
   teacher = teacher_fn(s.teacher, s.teacher_options)
   solutions = solutions or (lambda exs, rng: [teacher(ex, rng) for ex in exs])
   sft_state = update.init_state(state.params, optimizer)
@@ -233,10 +236,10 @@ def sft_loop(run: Run, state, *, steps: int, writer=None, solutions=None):
   step_fn = jax.jit(lambda st, t, m: update.sft_step(st, t, m, cfg=run.cfg, optimizer=optimizer),
                     donate_argnums=0)
   stream = iter(data.batched(data.synthetic_stream(
-      run.config.data.task, seed=run.config.seed + 7919, difficulty=run.config.data.difficulty,
+      run.config.data.task, seed=run.config.seed + 7919 + seed_offset, difficulty=run.config.data.difficulty,
       options=dict(run.config.data.task_options),
       held_out_fraction=run.config.data.held_out_fraction), s.batch_size))
-  rng = np.random.default_rng([run.config.seed, 1])
+  rng = np.random.default_rng([run.config.seed, 1, seed_offset])
   metrics = {}
   for i in range(steps):
     examples = next(stream)
@@ -249,7 +252,8 @@ def sft_loop(run: Run, state, *, steps: int, writer=None, solutions=None):
     tokens, mask = sft_batch(run, [ex for ex, _ in take], [sol for _, sol in take], length)
     sft_state, metrics = step_fn(sft_state, tokens, mask)
     if writer is not None and (i % 50 == 0 or i == steps - 1):
-      writer.write(i - steps, metrics, prefix='sft/')
+      host = writer.write(i - steps, metrics, prefix='sft/')
+      writer.progress(i + 1, host, keys=('sft/loss',), label=f'sft {i + 1}/{steps}')
   state = state.replace(params=sft_state.params)
   return state, {f'sft/{k}': v for k, v in metrics.items()}
 

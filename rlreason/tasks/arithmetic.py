@@ -116,7 +116,7 @@ def generate(seed: int, index: int, *, difficulty: int = DEFAULT_DIFFICULTY,
       task=NAME,
       difficulty=difficulty,
       meta={'operands': [a, b], 'carries': sum(c for _, c in pairs),
-            'final_answer': final_answer},
+            **({} if final_answer else {'final_answer': False})},
   )
 
 

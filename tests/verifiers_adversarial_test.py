@@ -1,0 +1,184 @@
+"""Hostile completions through the pool: each gets the default reward with the right reason,
+leaves no process or file behind, and the pool answers the next batch within its deadline."""
+
+import os
+import pathlib
+import tempfile
+import time
+import uuid
+
+import pytest
+
+from rlreason.verifiers import pool as pool_lib
+from rlreason.verifiers import sandbox
+from rlreason.verifiers import verdict as V
+
+from verifiers_pool_test import children_of
+from verifiers_pool_test import settle
+
+DEFAULT = -1.0
+SECRET = 'RLREASON_ADVERSARIAL_SECRET'
+TMP = pathlib.Path(tempfile.gettempdir())
+OUTSIDE = TMP / f'rlreason-escape-{uuid.uuid4().hex}'
+ADD_TESTS = ['assert add(1, 2) == 3']
+
+
+def py(code, **extra):
+  return {'completion': f'```python\n{code}\n```', 'tests': ADD_TESTS, 'cpu_s': 1, **extra}
+
+
+def pl(code):
+  return {'completion': f'<answer>\n{code}\n</answer>', 'answer': '1'}
+
+
+CASES = {
+    # name: (verifier, item, status, words expected in the detail)
+    'infinite_loop': ('python_tests', py('while True:\n  pass'), V.TIMEOUT, 'CPU'),
+    'sleep_forever': ('python_tests', py('import time\ntime.sleep(10**6)'), V.TIMEOUT, 'wall'),
+    'fork_bomb': ('python_tests', py('import os\nwhile True:\n  os.fork()'),
+                  V.SANDBOX_VIOLATION, 'os.fork'),
+    'subprocess': ('python_tests', py('import subprocess\nsubprocess.run(["sh", "-c", "id"])'),
+                   V.SANDBOX_VIOLATION, 'subprocess'),
+    'memory_bomb': ('python_tests', py('x = [bytearray(1 << 27) for _ in range(1000)]', cpu_s=3),
+                    V.SANDBOX_VIOLATION, 'memory'),
+    'write_outside': ('python_tests', py(f'open({str(OUTSIDE)!r}, "w").write("x")'),
+                      V.SANDBOX_VIOLATION, 'write'),
+    'delete_outside': ('python_tests', py('import os\nos.remove("/etc/hostname")'),
+                       V.SANDBOX_VIOLATION, 'os.remove'),
+    'parent_environment': ('python_tests', py('print(open(f"/proc/{__import__(\'os\').getppid()}'
+                                              '/environ").read())'),
+                           V.SANDBOX_VIOLATION, 'environ'),
+    'socket': ('python_tests', py('import socket\nsocket.create_connection(("1.1.1.1", 80))'),
+               V.SANDBOX_VIOLATION, 'socket'),
+    'ctypes': ('python_tests', py('import ctypes\nctypes.CDLL(None).fork()'),
+               V.SANDBOX_VIOLATION, 'ctypes'),
+    'huge_file': ('python_tests', py('open("big", "w").write("x" * (64 << 20))'),
+                  V.SANDBOX_VIOLATION, 'file size'),
+    'syntax_error': ('python_tests', py('def add(a, b)\n  return a + b'),
+                     V.PARSE_FAILURE, 'SyntaxError'),
+    'prolog_loop': ('prolog', pl('solve(X) :- solve(X).'), V.TIMEOUT, 'limit'),
+    'prolog_shell': ('prolog', pl("solve(1) :- shell('id')."), V.SANDBOX_VIOLATION, 'violation'),
+    'prolog_write': ('prolog', pl(f"solve(1) :- open('{OUTSIDE}', write, S), close(S)."),
+                     V.SANDBOX_VIOLATION, 'violation'),
+    'huge_exponent': ('math', {'completion': '\\boxed{9^{9^{9^9}}}', 'answer': '1'},
+                      V.PARSE_FAILURE, 'digits'),
+    'huge_factorial': ('math', {'completion': '\\boxed{(10^{10})!}', 'answer': '1'},
+                       V.PARSE_FAILURE, 'digits'),
+    'nested_latex': ('math', {'completion': '\\boxed{' + '\\frac{1}{' * 40 + '2' + '}' * 41,
+                              'answer': '1'}, V.PARSE_FAILURE, 'nested'),
+    'box_flood': ('math', {'completion': '\\boxed{' * 25_000, 'answer': '1'},
+                  V.PARSE_FAILURE, 'no final answer'),
+    'invalid_utf8': ('math', {'completion': b'\\boxed{1} \xc3\x28 \xff', 'answer': '1'},
+                     V.PARSE_FAILURE, 'UTF-8'),
+    'lone_surrogate': ('python_tests', py('def add(a, b):\n  return a + b  # \udcff'),
+                       V.PARSE_FAILURE, 'UTF-8'),
+    'megabyte': ('math', {'completion': 'lorem ipsum ' * 90_000 + '\\boxed{1}', 'answer': '1'},
+                 V.PARSE_FAILURE, 'too long'),
+    'megabyte_code': ('python_tests', py('x = 1\n' * 180_000), V.PARSE_FAILURE, 'too long'),
+    'empty': ('math', {'completion': '', 'answer': '1'}, V.PARSE_FAILURE, 'empty'),
+    'missing_completion': ('math', {'answer': '1'}, V.INVALID_INPUT, 'completion'),
+    'missing_answer': ('countdown', {'completion': '1+2', 'numbers': [1, 2]}, V.INVALID_INPUT,
+                       'answer'),
+    'missing_tests': ('python_tests', {'completion': 'x = 1'}, V.INVALID_INPUT, 'tests'),
+    'not_a_mapping': ('math', ['completion'], V.INVALID_INPUT, 'mapping'),
+}
+NORMAL = [{'completion': 'so \\boxed{\\frac{1}{2}}', 'answer': '0.5'},
+          {'completion': '```python\ndef add(a, b):\n  return a + b\n```', 'tests': ADD_TESTS}]
+
+
+@pytest.fixture(scope='module')
+def pool():
+  os.environ[SECRET] = 'hunter2'  # inherited by the workers; must not reach a sandbox.
+  with pool_lib.VerifierPool(num_workers=2, spare_workers=1, item_timeout_s=20,
+                             default_reward=DEFAULT) as p:
+    yield p
+  os.environ.pop(SECRET)
+
+
+def sandbox_processes(timeout_s: float = 10.0) -> list[int]:
+  """Sandbox processes (throwaway uid >= 2^20) that are ours or orphaned, after settling.
+
+  Another test process on the machine may be running sandboxes right now; its processes
+  descend from it, so only our descendants and orphans (parent pid 1) count. Killed
+  processes take a moment to disappear on a loaded machine, hence the wait.
+  """
+  deadline = time.monotonic() + timeout_s
+  while True:
+    ours = children_of(os.getpid())
+    found = []
+    for entry in os.listdir('/proc'):
+      try:
+        with open(f'/proc/{entry}/status') as f:
+          fields = dict(line.split(':', 1) for line in f if ':' in line)
+        uid, ppid = int(fields['Uid'].split()[0]), int(fields['PPid'])
+      except (OSError, KeyError, ValueError):
+        continue
+      if uid >= 1 << 20 and (int(entry) in ours or ppid == 1) and 'zombie' not in fields['State']:
+        found.append(int(entry))
+    if not found or time.monotonic() > deadline:
+      return found
+    time.sleep(0.1)
+
+
+def sandbox_dirs() -> list[str]:
+  """Sandbox directories of our processes, or of processes that no longer exist."""
+  ours = children_of(os.getpid()) | {os.getpid()}
+  names = []
+  for p in TMP.glob('rlreason-sandbox-*'):
+    pid = int(p.name.split('-')[2])
+    if pid in ours or not os.path.exists(f'/proc/{pid}'):
+      names.append(p.name)
+  return names + [p.name for p in TMP.glob('rlreason-escape-*')]
+
+
+@pytest.mark.parametrize('case', sorted(CASES))
+def test_adversarial_case(pool, case):
+  verifier, item, status, words = CASES[case]
+  before = set(sandbox_dirs())
+  verdict, = pool.score([item], verifier=verifier, deadline_s=30)
+  assert (verdict.status, verdict.reward) == (status, DEFAULT), verdict
+  assert words.lower() in verdict.detail.lower(), verdict.detail
+  assert not OUTSIDE.exists()
+  assert not settle(pool)
+  assert not sandbox_processes()
+  assert set(sandbox_dirs()) <= before
+  start = time.monotonic()
+  verdicts = pool.score(NORMAL, verifier=['math', 'python_tests'], deadline_s=30)
+  assert [v.status for v in verdicts] == [V.CORRECT, V.CORRECT]
+  assert time.monotonic() - start < 30
+
+
+def test_sandbox_environment_is_scrubbed(pool):
+  code = 'import os\ndef add(a, b):\n  return a + b\nLEAK = dict(os.environ)'
+  item = py(code, tests=[f'assert {SECRET!r} not in LEAK', 'assert set(LEAK) <= '
+                         "{'PATH', 'HOME', 'TMPDIR', 'LANG', 'LC_CTYPE'}"])
+  verdict, = pool.score([item], verifier='python_tests', deadline_s=30)
+  assert verdict.status == V.CORRECT, verdict.detail
+
+
+def test_a_batch_of_mixed_adversarial_items_meets_its_deadline(pool):
+  names, items = zip(*[(v, i) for v, i, _, _ in CASES.values()])
+  start = time.monotonic()
+  verdicts = pool.score(list(items) + NORMAL, verifier=list(names) + ['math', 'python_tests'],
+                        deadline_s=8.0)
+  assert time.monotonic() - start < 8.0 + pool.OVERRUN_SLACK_S
+  assert all(v.reward == DEFAULT for v in verdicts[:len(items)])
+  assert pool.stats().deadline_overruns == 0
+  assert not settle(pool) and not sandbox_processes()
+
+
+@pytest.mark.skipif(sandbox.isolation() != 'namespaces', reason='needs root and unshare')
+def test_os_layer_contains_what_the_python_hook_cannot_see():
+  sh = '/bin/sh'
+  # A shell fork bomb: RLIMIT_NPROC caps it, the pid namespace takes it all down.
+  bomb = sandbox.run([sh, '-c', 'b() { b | b & }; b; wait'], limits=sandbox.Limits(wall_s=3.0))
+  assert bomb.status == 'timeout' or 'Cannot fork' in bomb.stderr, bomb
+  assert not sandbox_processes()
+  net = sandbox.run([sandbox.python_interpreter(), '-I', '-S', '-c',
+                     'import socket; socket.create_connection(("1.1.1.1", 80), timeout=2)'])
+  assert net.status == 'error' and 'unreachable' in net.stderr.lower()
+  write = sandbox.run([sh, '-c', f'echo x > {OUTSIDE}; echo y > /etc/pwned'])
+  assert 'Read-only file system' in write.stderr and not OUTSIDE.exists()
+  env = sandbox.run([sh, '-c', 'cat /proc/*/environ; echo $' + SECRET])
+  assert 'hunter2' not in env.stdout
+  assert not sandbox_processes()

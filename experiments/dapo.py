@@ -1,13 +1,10 @@
 """DAPO (arXiv 2503.14476): clip-higher, token-mean loss, dynamic sampling.
 
-  python -m rlreason.main --config experiments/dapo.py --workdir /tmp/dapo
-  python -m rlreason.main --config experiments/dapo.py:runlocal --workdir /tmp/dapo_local
+  python -m rlreason.main --config experiments/dapo.py --workdir /tmp/dapo   # ~demo's runtime
+  python -m rlreason.main --config experiments/dapo.py:runlocal --workdir /tmp/x   # smoke run
 
-Hardware: a 2-core CPU. The setting is the embedded demo's (SFT on a flawed teacher, then RL
-on column-wise 5-digit addition) with this method's objective, so curves are comparable with
-`experiments/demo.py` (GRPO). Runtime: about as long as the demo (a few minutes); `runlocal`
-is a seconds-long smoke run. Expected: held-out accuracy rising from the SFT plateau (~0.2);
-this config has only been run as the smoke test, so no headline number is claimed yet.
+The demo's setting and hardware (see experiments/demo.py) with this objective, so its curve
+compares with GRPO's. Expected result: not yet measured (only the smoke run is tested).
 """
 
 from experiments import demo

@@ -27,7 +27,7 @@ def get_config(arg: str = ''):
                       num_heads=4, num_kv_heads=4, head_dim=32, qkv_bias=False, qk_norm=False,
                       tie_embeddings=False, family='qwen2', rope_theta=10_000.0)
   c.tokenizer.kind = 'chars'
-  c.sft.steps = 700
+  c.sft.steps = 1000
   c.sft.batch_size = 64
   c.sft.lr = 3e-3
   c.sft.teacher = 'rlreason.tasks.arithmetic:flawed_solution'

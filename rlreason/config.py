@@ -49,7 +49,7 @@ def default() -> ml_collections.ConfigDict:
 
   # Supervised warm start on reference (or a configured teacher's) solutions before RL.
   c.sft = ml_collections.ConfigDict(dict(
-      steps=0, batch_size=64, lr=3e-3, warmup_steps=50, grad_clip=0.0, teacher='',
+      steps=0, batch_size=64, lr=3e-3, warmup_steps=50, decay=True, grad_clip=0.0, teacher='',
       teacher_options={}))
 
   c.eval = ml_collections.ConfigDict(dict(every=0, num_prompts=500, k=1, temperature=0.0))

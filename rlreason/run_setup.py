@@ -136,9 +136,14 @@ def _params(config, tok):
 
 
 def make_optimizer(*, lr: float, warmup_steps: int, b1: float = 0.9, b2: float = 0.999,
-                   weight_decay: float = 0.0, grad_clip: float = 1.0):
-  """AdamW with linear warmup, after global-norm clipping when grad_clip > 0."""
-  schedule = optax.linear_schedule(0.0, lr, warmup_steps) if warmup_steps else lr
+                   weight_decay: float = 0.0, grad_clip: float = 1.0,
+                   decay_steps: int = 0):
+  """AdamW with linear warmup (then cosine decay to lr/10 over decay_steps if > 0), after
+  global-norm clipping when grad_clip > 0."""
+  if decay_steps:
+    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup_steps, decay_steps, lr / 10)
+  else:
+    schedule = optax.linear_schedule(0.0, lr, warmup_steps) if warmup_steps else lr
   adamw = optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay)
   return optax.chain(optax.clip_by_global_norm(grad_clip), adamw) if grad_clip > 0 else adamw
 
@@ -228,7 +233,8 @@ def sft_loop(run: Run, state, *, steps: int, writer=None, solutions=None, seed_o
   if steps <= 0:
     return state, {}
   s = run.config.sft
-  optimizer = make_optimizer(lr=s.lr, warmup_steps=s.warmup_steps, grad_clip=s.grad_clip)
+  optimizer = make_optimizer(lr=s.lr, warmup_steps=s.warmup_steps, grad_clip=s.grad_clip,
+                             decay_steps=steps if s.decay else 0)
   teacher = teacher_fn(s.teacher, s.teacher_options)
   solutions = solutions or (lambda exs, rng: [teacher(ex, rng) for ex in exs])
   sft_state = update.init_state(state.params, optimizer)

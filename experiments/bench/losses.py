@@ -1,7 +1,7 @@
 """Peak memory and time of a policy loss's log-prob + gradient: chunked path vs full logits.
 
-  python -m experiments.bench.losses                     # ~4 min on 2 CPU cores
-  python -m experiments.bench.losses --full_time         # also times chunked at full size
+  python -m experiments.bench.losses               # ~10 min on a shared 2-core CPU box
+  python -m experiments.bench.losses --full_time   # + one chunked step at full size (~5 min)
 
 The loss is the vocabulary-touching part of every policy loss in rlreason: a token-mean of
 −A·log π(token) over 8 sequences × 2048 tokens, at the mid config's hidden size 512 and
@@ -21,7 +21,8 @@ Memory, measured two ways:
             step at the timing size, and that minus its RSS just before compiling.
 Time: median wall time of --steps steps after --warmup, at --time_seqs sequences (default 1,
 where naive fits in the --rss_budget_gb guard), each path in its own subprocess, --rounds
-rounds interleaved, best round kept (the machine may be shared).
+rounds interleaved, best round kept (the machine may be shared). --full_time adds one step
+(no warm-up) of the chunked path at the full size, which naive cannot run.
 
 Prints a table, `chunked_logprob_time_ratio=` (chunked / fastest naive at the timing size) and,
 last, `chunked_logprob_memory_ratio=` (chunked / smallest naive compiled peak at full size).
@@ -142,9 +143,9 @@ def run_worker(path, seqs, args):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--time_seqs', type=int, default=1)
-  parser.add_argument('--steps', type=int, default=3)
+  parser.add_argument('--steps', type=int, default=2)
   parser.add_argument('--warmup', type=int, default=1)
-  parser.add_argument('--rounds', type=int, default=2)
+  parser.add_argument('--rounds', type=int, default=1)
   parser.add_argument('--token_chunk', type=int, default=1024)
   parser.add_argument('--vocab_chunk', type=int, default=16384)
   parser.add_argument('--rss_budget_gb', type=float, default=12.0)
@@ -170,7 +171,10 @@ def main(argv=None):
       print(f'  {p}: {runs[p][-1]}', flush=True)
   best = {p: min((r for r in runs[p] if 'error' not in r), key=lambda r: r['median_s'],
                  default=runs[p][-1]) for p in PATHS}
-  full_time = run_worker('chunked', SEQS, args) if args.full_time else None
+  full_time = None
+  if args.full_time:
+    full_time = run_worker('chunked', SEQS, argparse.Namespace(**{**vars(args), 'steps': 1,
+                                                                  'warmup': 0}))
   finished = [best[p]['loss'] for p in PATHS if 'error' not in best[p]]
   if finished and max(finished) - min(finished) > 1e-4 * max(1.0, abs(finished[0])):
     raise SystemExit(f'paths disagree on the loss: {[best[p] for p in PATHS]}')
@@ -185,8 +189,11 @@ def main(argv=None):
            f'{r["median_s"]:>13.2f}' if 'error' not in r else f'{r["error"]:>40}')
     print(f'{p:<10} {full[p][0] / GB:>24.2f} {full[p][1] / GB:>13.2f} '
           f'{at_time_size[p] / GB:>25.2f} {rss}')
-  if full_time is not None:
-    print(f'chunked at full size {SEQS}x{TOKENS}: {full_time}')
+  if full_time is not None and 'error' not in full_time:
+    print(f'chunked at full size {SEQS}x{TOKENS}: one step {full_time["median_s"]:.1f} s, '
+          f'RSS {full_time["rss_peak"] / GB:.2f} GB')
+  elif full_time is not None:
+    print(f'chunked at full size {SEQS}x{TOKENS}: {full_time["error"]}')
   naive_times = [best[p]['median_s'] for p in ('naive', 'naive_lse') if 'error' not in best[p]]
   if naive_times and 'error' not in best['chunked']:
     print(f'chunked_logprob_time_ratio={best["chunked"]["median_s"] / min(naive_times):.3f}')

@@ -1,0 +1,357 @@
+"""Per-token policy losses of the GRPO family and the seed methods, and their registry.
+
+Every loss has the signature
+
+  loss_NxL, weights_NxL, metrics = fn(logprobs_NxL, old_logprobs_NxL, advantages_NxL,
+                                      mask_NxL, *, <options>)
+
+logprobs_NxL are the current policy's log-probs of the sampled tokens (the only input that
+carries a gradient), old_logprobs_NxL π_old's (the trainer's recomputation), advantages NxL
+or N (broadcast over tokens; rows prompt-major, N = B·G). The result is a loss to *minimise*
+per token (0 on masked tokens), the per-token weight the aggregation multiplies by (the mask,
+or a reweighted mask), and a dict of scalar diagnostics. Aggregating is a separate step with a
+global denominator (aggregation.py); a KL penalty is added per token (kl.py); QUATRO lives in
+trust_region.py.
+
+Provenance follows algorithms.md: "paper formula", "as in the reference code of <repo>", or
+"our formalisation (paper not available)" where only abstracts could be read.
+
+Deliberately not here: advantage estimators and transforms (advantages.py), prompt sampling.
+"""
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from rlreason import trust_region
+from rlreason.aggregation import masked_mean
+from rlreason.loss_diagnostics import ratio_metrics
+
+_sg = jax.lax.stop_gradient
+
+
+def _inputs(logprobs_NxL, old_logprobs_NxL, advantages_NxL, mask_NxL):
+  """Log-probs and NxL advantages (per-sequence values repeated) with masked positions zeroed.
+
+  Padding may hold −inf or NaN; replacing it *before* any arithmetic keeps NaN out of both
+  the loss and its gradient (a `where` after the fact still back-propagates 0·NaN).
+  """
+  valid_NxL = mask_NxL > 0
+  adv_NxL = jnp.broadcast_to(advantages_NxL if advantages_NxL.ndim == 2 else
+                             advantages_NxL[:, None], mask_NxL.shape)
+  return (jnp.where(valid_NxL, logprobs_NxL, 0.0), jnp.where(valid_NxL, old_logprobs_NxL, 0.0),
+          jnp.where(valid_NxL, adv_NxL, 0.0))
+
+
+def _clipped_log_ratio(logprobs_NxL, base_logprobs_NxL, log_ratio_clip):
+  return jnp.clip(logprobs_NxL - base_logprobs_NxL, -log_ratio_clip, log_ratio_clip)
+
+
+def _clip_surrogate(ratio_NxL, adv_NxL, eps_low, eps_high):
+  """−min(r A, clip(r, 1 − ε_low, 1 + ε_high) A); ε may be per-token arrays."""
+  clipped_NxL = jnp.clip(ratio_NxL, 1.0 - eps_low, 1.0 + eps_high)
+  return -jnp.minimum(ratio_NxL * adv_NxL, clipped_NxL * adv_NxL)
+
+
+def _masked(loss_NxL, mask_NxL):
+  return jnp.where(mask_NxL > 0, loss_NxL, 0.0)
+
+
+def ppo_clip(logprobs_NxL, old_logprobs_NxL, advantages_NxL, mask_NxL, *,
+             eps_low: float = 0.2, eps_high: float = 0.2, dual_clip: float | None = None,
+             log_ratio_clip: float = 20.0):
+  """PPO's clipped surrogate with decoupled bounds and optional dual clip.
+
+  ℓ = −min(r A, clip(r, 1 − ε_low, 1 + ε_high) A), r = exp(lp − lp_old); with dual clip c > 1,
+  ℓ ← min(ℓ, −c A) for A < 0. The gradient is −A r ∇lp except exactly 0 when A > 0,
+  r > 1 + ε_high or A < 0, r < 1 − ε_low (or A < 0, r > c under dual clip). GRPO (arXiv
+  2402.03300) uses ε_low = ε_high; DAPO's clip-higher (arXiv 2503.14476) ε_high = 0.28.
+  Provenance: paper formula (PPO arXiv 1707.06347, clip-higher 2503.14476, dual clip
+  1912.09729).
+
+  Args:
+    logprobs_NxL, old_logprobs_NxL, advantages_NxL, mask_NxL: see the module docstring.
+    eps_low: lower clip ε_low (ratio floor 1 − ε_low).
+    eps_high: upper clip ε_high (ratio cap 1 + ε_high).
+    dual_clip: c (verl's clip_ratio_c, 3.0) or None.
+    log_ratio_clip: |lp − lp_old| cap before exp (verl: 20).
+
+  Returns:
+    (loss_NxL, mask_NxL, metrics).
+  """
+  logprobs_NxL, old_logprobs_NxL, adv_NxL = _inputs(logprobs_NxL, old_logprobs_NxL,
+                                                    advantages_NxL, mask_NxL)
+  log_ratio_NxL = _clipped_log_ratio(logprobs_NxL, old_logprobs_NxL, log_ratio_clip)
+  loss_NxL = _clip_surrogate(jnp.exp(log_ratio_NxL), adv_NxL, eps_low, eps_high)
+  if dual_clip is not None:
+    if dual_clip <= 1.0:
+      raise ValueError(f'dual_clip={dual_clip} must exceed 1.')
+    loss_NxL = jnp.where(adv_NxL < 0, jnp.minimum(loss_NxL, -dual_clip * adv_NxL), loss_NxL)
+  metrics = ratio_metrics(log_ratio_NxL, adv_NxL, mask_NxL, eps_low=eps_low, eps_high=eps_high,
+                          dual_clip=dual_clip)
+  return _masked(loss_NxL, mask_NxL), mask_NxL, metrics
+
+
+def cispo(logprobs_NxL, old_logprobs_NxL, advantages_NxL, mask_NxL, *, cap: str,
+          eps_low: float = 1.0, eps_high: float | None = None, max_weight: float | None = None,
+          log_ratio_clip: float = 20.0):
+  """CISPO: REINFORCE with a clipped, detached importance weight (arXiv 2506.13585).
+
+  ℓ = −sg(r̂) A lp, gradient −r̂ A ∇lp on every token (never masked). The two conventions for
+  r̂ that share the name "ε_high" elsewhere must be chosen explicitly:
+    cap='relative': r̂ = clip(r, 1 − ε_low, 1 + ε_high)  (the paper's and verl's; ε_low = 1
+                    removes the floor; verl's example ε_high = 0.2 caps at 1.2, F-GRPO's
+                    ε_high = 5 at 6);
+    cap='absolute': r̂ = min(r, max_weight)               (TRL's `epsilon_high`, e.g. 5.0).
+  The loss value is ≈ −A·lp, not a meaningful surrogate; log the weight statistics instead.
+  Provenance: paper formula (MiniMax-M1's CISPO objective, verl's relative parameterisation).
+
+  Returns:
+    (loss_NxL, mask_NxL, metrics).
+  """
+  logprobs_NxL, old_logprobs_NxL, adv_NxL = _inputs(logprobs_NxL, old_logprobs_NxL,
+                                                    advantages_NxL, mask_NxL)
+  log_ratio_NxL = _clipped_log_ratio(logprobs_NxL, old_logprobs_NxL, log_ratio_clip)
+  ratio_NxL = jnp.exp(_sg(log_ratio_NxL))
+  if cap == 'relative':
+    if eps_high is None:
+      raise ValueError("cispo(cap='relative') needs eps_high (cap 1 + eps_high).")
+    low, high = 1.0 - eps_low, 1.0 + eps_high
+  elif cap == 'absolute':
+    if max_weight is None:
+      raise ValueError("cispo(cap='absolute') needs max_weight.")
+    low, high = -jnp.inf, max_weight
+  else:
+    raise ValueError(f"cispo cap={cap!r}; known: 'relative', 'absolute'.")
+  weight_NxL = jnp.clip(ratio_NxL, low, high)
+  loss_NxL = -weight_NxL * adv_NxL * logprobs_NxL
+  metrics = {
+      'ratio/mean': masked_mean(ratio_NxL, mask_NxL),
+      'cispo/weight_mean': masked_mean(weight_NxL, mask_NxL),
+      'cispo/capped_frac_high': masked_mean(ratio_NxL > high, mask_NxL),
+      'cispo/capped_frac_low': masked_mean(ratio_NxL < low, mask_NxL),
+      'approx_kl': masked_mean(-_sg(log_ratio_NxL), mask_NxL),
+  }
+  return _masked(loss_NxL, mask_NxL), mask_NxL, metrics
+
+
+def _seq_log_ratio_N(logprobs_NxL, old_logprobs_NxL, mask_NxL):
+  return masked_mean(logprobs_NxL - old_logprobs_NxL, mask_NxL, axis=-1)
+
+
+def gspo(logprobs_NxL, old_logprobs_NxL, advantages_NxL, mask_NxL, *, eps_low: float = 3e-4,
+         eps_high: float = 4e-4, log_ratio_clip: float = 10.0):
+  """GSPO: PPO-clip on the length-normalised sequence ratio (arXiv 2507.18071).
+
+  s_i = exp((1/|y_i|) Σ_t M (lp − lp_old)); every valid token of sequence i carries
+  ℓ = −min(s_i A, clip(s_i, 1 − ε_low, 1 + ε_high) A), so seq_mean_token_mean gives the paper's
+  (1/G) Σ_i. Unclipped gradient of sequence i: −s_i A (1/|y_i|) Σ_t ∇lp. log s is capped at
+  `log_ratio_clip` (verl: 10). Use with seq_mean_token_mean, as verl forces.
+  Provenance: paper formula (ε = 3e-4 / 4e-4 as the paper reports them, via TRL and verl).
+
+  Returns:
+    (loss_NxL, mask_NxL, metrics).
+  """
+  logprobs_NxL, old_logprobs_NxL, adv_NxL = _inputs(logprobs_NxL, old_logprobs_NxL,
+                                                    advantages_NxL, mask_NxL)
+  log_s_N = jnp.minimum(_seq_log_ratio_N(logprobs_NxL, old_logprobs_NxL, mask_NxL),
+                        log_ratio_clip)
+  log_s_NxL = jnp.broadcast_to(log_s_N[:, None], logprobs_NxL.shape)
+  loss_NxL = _clip_surrogate(jnp.exp(log_s_NxL), adv_NxL, eps_low, eps_high)
+  metrics = ratio_metrics(log_s_NxL, adv_NxL, mask_NxL, eps_low=eps_low, eps_high=eps_high)
+  return _masked(loss_NxL, mask_NxL), mask_NxL, metrics
+
+
+def gspo_token(logprobs_NxL, old_logprobs_NxL, advantages_NxL, mask_NxL, *,
+               eps_low: float = 3e-4, eps_high: float = 4e-4, log_ratio_clip: float = 10.0):
+  """GSPO-token: s_{i,t} = sg(s_i)·exp(lp − sg(lp)), allowing per-token advantages.
+
+  Same value as GSPO; gradient −s_i A_{i,t} ∇lp_{i,t} per unclipped token, so with
+  per-sequence A it equals GSPO's (arXiv 2507.18071).
+  Provenance: paper formula (the paper's GSPO-token variant; verl implements GSPO this way).
+
+  Returns:
+    (loss_NxL, mask_NxL, metrics).
+  """
+  logprobs_NxL, old_logprobs_NxL, adv_NxL = _inputs(logprobs_NxL, old_logprobs_NxL,
+                                                    advantages_NxL, mask_NxL)
+  log_s_N = _sg(_seq_log_ratio_N(logprobs_NxL, old_logprobs_NxL, mask_NxL))
+  log_s_NxL = jnp.minimum(log_s_N[:, None] + logprobs_NxL - _sg(logprobs_NxL), log_ratio_clip)
+  loss_NxL = _clip_surrogate(jnp.exp(log_s_NxL), adv_NxL, eps_low, eps_high)
+  metrics = ratio_metrics(log_s_NxL, adv_NxL, mask_NxL, eps_low=eps_low, eps_high=eps_high)
+  return _masked(loss_NxL, mask_NxL), mask_NxL, metrics
+
+
+def is_grpo_prompt_probs(std_hat_P, *, base_probs_P=None, std_floor: float = 0.05):
+  """IS-GRPO's prompt-sampling distribution q(x) ∝ p(x)·max(σ̂_x, σ_floor).
+
+  σ̂_x is a running estimate of prompt x's reward std (binary rewards: sqrt(p̂(1 − p̂))); the
+  floor keeps unseen or solved prompts sampleable. arXiv 2601.23135 (revised version).
+  Provenance: our formalisation (paper not available), algorithms.md §9.
+  """
+  p_P = jnp.ones_like(std_hat_P) if base_probs_P is None else base_probs_P
+  w_P = p_P * jnp.maximum(std_hat_P, std_floor)
+  return w_P / jnp.sum(w_P)
+
+
+def is_grpo(logprobs_NxL, old_logprobs_NxL, advantages_NxL, mask_NxL, *, group_size: int,
+            reward_std_B, proposal_std_B, eps_low: float = 0.2, eps_high: float = 0.2,
+            dual_clip: float | None = None, log_ratio_clip: float = 20.0):
+  """IS-GRPO, loss side: GRPO's clipped loss reweighted by σ_x / σ̂_x per prompt.
+
+  Our reading (arXiv 2601.23135 v2 abstract; algorithms.md §9): GRPO's expected update
+  Σ_x p(x) ∇J_x / σ_x is a reweighted gradient; sampling prompts from q(x) ∝ p(x) σ̂_x
+  (`is_grpo_prompt_probs`, used by the data pipeline) moves the weight into sampling. The loss
+  multiplies prompt x's GRPO term (advantages divided by the group's σ_x) by sg(σ_x / σ̂_x),
+  so its update is ∇J_x / σ̂_x and E_q[update] = ∇J / Σ_x p σ̂ — parallel to the full gradient
+  exactly, even when σ̂ is a stale estimate; with σ̂_x = σ_x the weight is 1 and this is plain
+  GRPO on q-sampled prompts (§9's form). The loss itself is ppo_clip's.
+  Provenance: our formalisation (paper not available).
+
+  Args:
+    group_size: G.
+    reward_std_B: the σ_x (+ε) the advantages were divided by.
+    proposal_std_B: the σ̂_x the sampler used for q (already floored).
+    Others: as in `ppo_clip`.
+
+  Returns:
+    (loss_NxL, mask_NxL, metrics).
+  """
+  loss_NxL, mask_NxL, metrics = ppo_clip(
+      logprobs_NxL, old_logprobs_NxL, advantages_NxL, mask_NxL, eps_low=eps_low,
+      eps_high=eps_high, dual_clip=dual_clip, log_ratio_clip=log_ratio_clip)
+  weight_B = _sg(reward_std_B / proposal_std_B)
+  weight_N = jnp.repeat(weight_B, group_size)
+  metrics['is_grpo/weight_mean'] = jnp.mean(weight_B)
+  return loss_NxL * weight_N[:, None], mask_NxL, metrics
+
+
+def sorl(logprobs_NxL, old_logprobs_NxL, advantages_NxL, mask_NxL, *, turn_ids_NxL,
+         num_turns: int, eps_low: float = 0.2, eps_high: float = 0.2,
+         turn_ratio: str = 'geometric', normalization: str = 'reliability',
+         log_ratio_clip: float = 20.0):
+  """SORL (SO-PPO / SO-GRPO, ex ST-PPO): turn-level ratios, clipping-triggered normalisation.
+
+  Turn ratio of turn k of row i over its valid (model) tokens: ρ_{i,k} =
+  exp(mean_{t∈k} (lp − lp_old)) ('geometric', default) or exp(Σ_{t∈k} …) ('exact'). Token t
+  of turn k uses r = sg(ρ_{i,k})·exp(lp − sg(lp)) in the PPO-clip surrogate. A token is
+  clipped when its gradient is zeroed (A > 0, r > 1 + ε_high or A < 0, r < 1 − ε_low); then
+  the returned weights are, detached,
+    'reliability': ω_i M with ω_i = 1 − (clipped tokens of i)/(tokens of i); aggregate with
+                   token_mean and denominator Σ ω M over the global batch
+                   (`denominators(weights_NxL, mode='token_mean')`, from the same θ) to get
+                   Σ ω ℓ / Σ ω — normalisation that acts only when clipping occurs;
+    'clip_bias':   M / (1 + b_i), b_i = mean_t |r − clip(r)|·|A| (per sample, so the
+                   ordinary denominators keep micro-batch invariance);
+    'none':        M (Turn-PPO).
+  Observation/tool tokens (mask 0) never enter a ratio. arXiv 2511.20718.
+  Provenance: our formalisation (paper not available), algorithms.md §14.
+
+  Args:
+    turn_ids_NxL: int turn index in [0, num_turns) of each token (ignored where mask is 0).
+    num_turns: static upper bound on turns per row.
+    Others: as in `ppo_clip`.
+
+  Returns:
+    (loss_NxL, weights_NxL, metrics).
+  """
+  logprobs_NxL, old_logprobs_NxL, adv_NxL = _inputs(logprobs_NxL, old_logprobs_NxL,
+                                                    advantages_NxL, mask_NxL)
+  valid_NxL = mask_NxL > 0
+  in_turn_NxLxK = (turn_ids_NxL[..., None] == jnp.arange(num_turns)) & valid_NxL[..., None]
+  in_turn_NxLxK = in_turn_NxLxK.astype(jnp.float32)
+  token_lr_NxL = _sg(logprobs_NxL - old_logprobs_NxL)
+  sum_NxK = jnp.einsum('nlk,nl->nk', in_turn_NxLxK, token_lr_NxL)
+  if turn_ratio == 'geometric':
+    count_NxK = jnp.sum(in_turn_NxLxK, axis=1)
+    turn_lr_NxK = sum_NxK / jnp.maximum(count_NxK, 1.0)
+  elif turn_ratio == 'exact':
+    turn_lr_NxK = sum_NxK
+  else:
+    raise ValueError(f"turn_ratio={turn_ratio!r}; known: 'geometric', 'exact'.")
+  turn_lr_NxL = jnp.einsum('nlk,nk->nl', in_turn_NxLxK, turn_lr_NxK)
+  log_r_NxL = jnp.clip(turn_lr_NxL + logprobs_NxL - _sg(logprobs_NxL), -log_ratio_clip,
+                       log_ratio_clip)
+  ratio_NxL = jnp.exp(log_r_NxL)
+  loss_NxL = _masked(_clip_surrogate(ratio_NxL, adv_NxL, eps_low, eps_high), mask_NxL)
+  r_NxL = _sg(ratio_NxL)
+  clipped_NxL = (((adv_NxL > 0) & (r_NxL > 1.0 + eps_high)) |
+                 ((adv_NxL < 0) & (r_NxL < 1.0 - eps_low)))
+  if normalization == 'reliability':
+    scale_N = 1.0 - masked_mean(clipped_NxL, mask_NxL, axis=-1)
+  elif normalization == 'clip_bias':
+    bias_NxL = jnp.abs(r_NxL - jnp.clip(r_NxL, 1.0 - eps_low, 1.0 + eps_high)) * jnp.abs(adv_NxL)
+    scale_N = 1.0 / (1.0 + masked_mean(bias_NxL, mask_NxL, axis=-1))
+  elif normalization == 'none':
+    scale_N = jnp.ones(mask_NxL.shape[:1], jnp.float32)
+  else:
+    raise ValueError(f"normalization={normalization!r}; known: 'reliability', 'clip_bias', "
+                     "'none'.")
+  weights_NxL = _sg(scale_N)[:, None] * mask_NxL
+  metrics = ratio_metrics(log_r_NxL, adv_NxL, mask_NxL, eps_low=eps_low, eps_high=eps_high)
+  metrics['sorl/weight_mean'] = jnp.mean(scale_N)
+  return loss_NxL, weights_NxL, metrics
+
+
+def prefix_mixed_ppo(logprobs_NxL, old_logprobs_NxL, advantages_NxL, mask_NxL, *,
+                     prefix_mask_NxL, behavior_logprobs_NxL, eps_low: float = 0.2,
+                     eps_high: float = 0.2, prefix_eps_low: float | None = None,
+                     prefix_eps_high: float | None = None, train_prefix: bool = True,
+                     log_ratio_clip: float = 20.0):
+  """Mixed-policy rows: off-policy prefix tokens use their own behaviour log-probs.
+
+  Prefix tokens (prefix_mask = 1), sampled from a historical policy π_h, use
+  r = π_θ/π_h with π_h's log-probs recorded at generation time (`behavior_logprobs_NxL`);
+  continuation tokens use r = π_θ/π_old; both in the PPO-clip surrogate, the prefix with its
+  own (e.g. tighter) clip range. `train_prefix=False` drops prefix tokens from the loss
+  (PrefixRL, arXiv 2601.18795). SOUP / "Thinking Seeds": arXiv 2601.21476.
+  Provenance: our formalisation (paper not available), algorithms.md §15.
+
+  Args:
+    prefix_mask_NxL: 1 on prefix tokens from the historical policy.
+    behavior_logprobs_NxL: log-probs under the policy that sampled each token (read where
+      prefix_mask is 1).
+    prefix_eps_low, prefix_eps_high: clip range of prefix tokens (default: eps_low/eps_high).
+    train_prefix: whether prefix tokens are in the loss.
+    Others: as in `ppo_clip`.
+
+  Returns:
+    (loss_NxL, weights_NxL, metrics).
+  """
+  logprobs_NxL, old_logprobs_NxL, adv_NxL = _inputs(logprobs_NxL, old_logprobs_NxL,
+                                                    advantages_NxL, mask_NxL)
+  prefix_NxL = prefix_mask_NxL > 0
+  base_NxL = jnp.where(prefix_NxL & (mask_NxL > 0), behavior_logprobs_NxL, old_logprobs_NxL)
+  low_NxL = jnp.where(prefix_NxL, eps_low if prefix_eps_low is None else prefix_eps_low, eps_low)
+  high_NxL = jnp.where(prefix_NxL, eps_high if prefix_eps_high is None else prefix_eps_high,
+                       eps_high)
+  log_ratio_NxL = _clipped_log_ratio(logprobs_NxL, base_NxL, log_ratio_clip)
+  loss_NxL = _clip_surrogate(jnp.exp(log_ratio_NxL), adv_NxL, low_NxL, high_NxL)
+  weights_NxL = mask_NxL if train_prefix else jnp.where(prefix_NxL, 0, mask_NxL)
+  cont_NxL = jnp.where(prefix_NxL, 0, mask_NxL)
+  metrics = ratio_metrics(log_ratio_NxL, adv_NxL, cont_NxL, eps_low=eps_low, eps_high=eps_high)
+  on_prefix = ratio_metrics(log_ratio_NxL, adv_NxL, jnp.where(prefix_NxL, mask_NxL, 0),
+                            eps_low=low_NxL, eps_high=high_NxL)
+  metrics.update({f'prefix/{k}': v for k, v in on_prefix.items()})
+  metrics['prefix/token_frac'] = masked_mean(prefix_NxL, mask_NxL)
+  return _masked(loss_NxL, weights_NxL), weights_NxL, metrics
+
+
+POLICY_LOSSES: dict[str, Callable] = {
+    'ppo_clip': ppo_clip,
+    'cispo': cispo,
+    'gspo': gspo,
+    'gspo_token': gspo_token,
+    'quatro': trust_region.quatro,
+    'is_grpo': is_grpo,
+    'sorl': sorl,
+    'prefix_mixed_ppo': prefix_mixed_ppo,
+}
+
+
+def get_policy_loss(name: str) -> Callable:
+  """The policy loss registered under `name`; raises listing the known names."""
+  if name not in POLICY_LOSSES:
+    raise KeyError(f'Unknown policy loss {name!r}; known: {sorted(POLICY_LOSSES)}.')
+  return POLICY_LOSSES[name]

@@ -21,12 +21,11 @@ from absl import logging as absl_logging
 import jax
 from ml_collections import config_flags
 
-from rlreason import checkpoint
 from rlreason import metrics as metrics_lib
 from rlreason import sampler
 from rlreason import train
 from rlreason.rl_batch import decode_completions
-from rlreason.run_setup import build, encode_prompts, sft_loop
+from rlreason.run_setup import build, encode_prompts, sft_loop, warm_start_checkpointer
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'experiments/demo.py', 'Demo config.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The workdir of the finished run.')
@@ -83,7 +82,7 @@ def main(argv):
 
   # The baselines start from the run's step-0 checkpoint (the SFT warm start).
   run = build(config, workdir / 'baselines')
-  source = checkpoint.Checkpointer(workdir, keep=config.checkpoint.keep)
+  source = warm_start_checkpointer(workdir)
   fresh, _ = run.restore_or_init()
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                           fresh)

@@ -77,20 +77,30 @@ class Run:
                      out_shardings=self.state_shardings)(self.init_params)
 
   def _ref_from_checkpoint(self, abstract):
-    # The reference policy is the step-0 policy (after the warm start), saved at step 0.
-    restored = self.checkpointer.restore(abstract, step=0)
+    # The reference policy is the step-0 policy (after the warm start).
+    restored = warm_start_checkpointer(self.workdir).restore(abstract)
     return None if restored is None else restored[1].params
 
   def save(self, step: int, state, *, metrics=None) -> None:
     if step == 0 and self.config.objective.kl_coef:
       self.ref_params = jax.tree.map(jnp.copy, state.params)
-    self.checkpointer.save(step, state, data_state=self.data_iter.get_state(),
-                           config=self.config.to_dict(), metrics=metrics, force=True)
+    kw = dict(data_state=self.data_iter.get_state(), config=self.config.to_dict(), force=True)
+    self.checkpointer.save(step, state, metrics=metrics, **kw)
     self.checkpointer.wait()
+    if step == 0:  # Kept apart from keep-last-k: the reference policy and baselines start here.
+      warm = warm_start_checkpointer(self.workdir)
+      warm.save(0, state, **kw)
+      warm.wait()
+      warm.close()
 
   def close(self) -> None:
     self.checkpointer.close()
     self.pool.close()
+
+
+def warm_start_checkpointer(workdir) -> checkpoint.Checkpointer:
+  """The step-0 state (after the SFT warm start), outside keep-last-k rotation."""
+  return checkpoint.Checkpointer(pathlib.Path(workdir) / 'warm_start', keep=1)
 
 
 def _tokenizer(config) -> tokenizer_lib.Tokenizer:

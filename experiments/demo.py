@@ -48,7 +48,7 @@ def get_config(arg: str = ''):
   c.eval.every = 20
   c.eval.num_prompts = 500
   c.checkpoint.every = 20
-  c.mesh = dict(data=1, fsdp=1, tensor=1)
+  c.mesh = dict(data=1, fsdp=-1, tensor=1)  # All local devices (1 on a plain CPU).
   c.log_every = 5
   if arg == 'runlocal':
     shrink_for_runlocal(c)

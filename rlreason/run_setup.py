@@ -151,7 +151,8 @@ def make_optimizer(*, lr: float, warmup_steps: int, b1: float = 0.9, b2: float =
   """AdamW with linear warmup (then cosine decay to lr/10 over decay_steps if > 0), after
   global-norm clipping when grad_clip > 0."""
   if decay_steps:
-    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup_steps, decay_steps, lr / 10)
+    warmup = min(warmup_steps, decay_steps // 2)  # Short runs (smoke tests) still decay.
+    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, decay_steps, lr / 10)
   else:
     schedule = optax.linear_schedule(0.0, lr, warmup_steps) if warmup_steps else lr
   adamw = optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay)

@@ -80,7 +80,7 @@ def rl_step(run: Run, state, step: int, times: dict[str, float]):
     if attempt == 0:
       metrics.update(vmetrics)
     groups.append((rollout, rewards_BxG))
-    if not rl.dynamic_sampling or dynamic_filter(groups, rl.prompts_per_step)[1] >= 1.0:
+    if not rl.dynamic_sampling or dynamic_filter(groups, rl.prompts_per_step)[2] >= 1.0:
       break
   rollout, rewards_BxG, kept_frac = dynamic_filter(groups, rl.prompts_per_step,
                                                    enabled=rl.dynamic_sampling)

@@ -248,7 +248,8 @@ def sft_loop(run: Run, state, *, steps: int, writer=None, solutions=None, seed_o
                              decay_steps=steps if s.decay else 0)
   teacher = teacher_fn(s.teacher, s.teacher_options)
   solutions = solutions or (lambda exs, rng: [teacher(ex, rng) for ex in exs])
-  sft_state = update.init_state(state.params, optimizer)
+  # A copy: the jitted step donates its state, and callers may still hold `state`.
+  sft_state = update.init_state(jax.tree.map(jnp.copy, state.params), optimizer)
   length = max(run.config.data.prompt_buckets) + run.config.rl.max_new_tokens + 1
   step_fn = jax.jit(lambda st, t, m: update.sft_step(st, t, m, cfg=run.cfg, optimizer=optimizer),
                     donate_argnums=0)

@@ -51,7 +51,7 @@ def test_two_rl_steps_end_to_end(tmp_path):
   assert 'eval/pass@1' in rl_steps[-1] and 'eval/pass@1' in eval_metrics
   assert (tmp_path / 'tensorboard').is_dir()
   assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['0', '1', '2']
-  assert os.listdir(tmp_path / 'warm_start') == ['0']
+  assert os.listdir(tmp_path / 'warm_start' / 'checkpoints') == ['0']
 
 
 def test_resume_after_preemption_is_bit_exact(tmp_path, monkeypatch):

@@ -103,7 +103,8 @@ def test_hung_item_times_out_and_worker_is_replaced(pool, fault):
                         deadline_s=20)
   assert time.monotonic() - start < 20 + pool.OVERRUN_SLACK_S
   assert verdicts[0].status == V.TIMEOUT and verdicts[0].reward == -1.0
-  assert 1.5 <= verdicts[0].latency_s < 3.0
+  # The item timeout (1.5 s) fired, not the 20 s batch deadline; generous for loaded machines.
+  assert 1.5 <= verdicts[0].latency_s < 10.0
   assert [v.status for v in verdicts[1:]] == [V.CORRECT] * 3
   assert pool.stats().workers_stopped['timeout'] == before + 1
   assert not settle(pool)

@@ -37,6 +37,11 @@ EXTRAS_REQUIRE = {
         'pytest-xdist==3.8.0',
         'torch==2.13.0',
         'transformers==5.24.0',
+        # Executes colab/ notebooks in the suite.
+        'ipykernel==7.4.0',
+        'matplotlib==3.11.2',
+        'nbclient==0.11.0',
+        'nbformat==5.11.1',
     ],
     'demo': ['matplotlib==3.11.2'],
     'launch': ['xmanager==0.8.5.post1'],

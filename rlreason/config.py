@@ -47,6 +47,15 @@ def default() -> ml_collections.ConfigDict:
 
   c.verifier = ml_collections.ConfigDict(dict(name='math', deadline_s=60.0, workers=2))
 
+  # Model-judged step rewards (rlreason/judge.py), combined with the verifier's reward as
+  # verifier_weight * verifier + weight(progress) * judge; 'linear' goes weight -> weight_end.
+  c.judge = ml_collections.ConfigDict(dict(
+      enabled=False, model='policy',  # 'policy' | HF checkpoint dir | 'random-tiny' (tests)
+      weight=0.5, weight_end=0.5, schedule='constant', verifier_weight=1.0,
+      split='lines', max_steps=16, aggregate='mean', score='greedy', labels=('-', '0', '+'),
+      template='', response_prefix='', use_chat_template=True, chat_kwargs={},
+      prompt_buckets=(256, 512, 1024, 2048), batch_size=32, empty_reward=0.0, dtype='float32'))
+
   # Supervised warm start on reference (or a configured teacher's) solutions before RL.
   c.sft = ml_collections.ConfigDict(dict(
       steps=0, batch_size=64, lr=3e-3, warmup_steps=50, decay=True, grad_clip=0.0, teacher='',
@@ -116,5 +125,12 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
     errors.append(f'verifier.name: {e}')
   check(c.verifier.deadline_s > 0, f'verifier.deadline_s={c.verifier.deadline_s} must be > 0.')
   check(c.eval.k >= 1, f'eval.k={c.eval.k} must be >= 1.')
+  if c.judge.enabled:
+    from rlreason import judge
+    for field, known in (('split', judge.SPLITTERS), ('aggregate', judge.AGGREGATES),
+                         ('score', judge.SCORE_MODES), ('schedule', ('constant', 'linear'))):
+      check(c.judge[field] in known, f'judge.{field}={c.judge[field]!r}; known: {sorted(known)}.')
+    check(len(c.judge.labels) == 3, f'judge.labels={c.judge.labels} must be 3 strings.')
+    check(bool(c.judge.model), "judge.model is empty; 'policy', an HF dir or 'random-tiny'.")
   if errors:
     raise ValueError('invalid config:\n  ' + '\n  '.join(errors))

@@ -22,9 +22,13 @@ def decode_completions(run, rollout: Rollout) -> list[str]:
                               skip_special_tokens=True)
 
 
-def verify(run, rollout: Rollout, examples, *, progress: float, return_verdicts: bool = False):
-  """(rewards_BxG as np.float32, metrics) from the verifier pool; optionally the verdicts."""
-  del progress  # Reward schedules (verifiers.composition) hook in here.
+def verify(run, rollout: Rollout, examples, *, progress: float, return_verdicts: bool = False,
+           params=None):
+  """(rewards_BxG as np.float32, metrics) from the verifier pool; optionally the verdicts.
+
+  With a judge (run.judge), the rewards are its composition with the verifier's, weighted at
+  `progress`; `params` are the policy's, for a judge that is the policy itself.
+  """
   g = rollout.group_size
   texts = decode_completions(run, rollout)
   items = [{'completion': text, 'answer': examples[n // g].answer, **examples[n // g].meta}
@@ -36,6 +40,15 @@ def verify(run, rollout: Rollout, examples, *, progress: float, return_verdicts:
   metrics = {f'verifier/{s}_frac': statuses.count(s) / len(statuses) for s in set(statuses)}
   metrics['train/accuracy'] = statuses.count('correct') / len(statuses)
   metrics['verifier/latency_max_s'] = max(v.latency_s for v in verdicts)
+  if run.judge is not None and not return_verdicts:  # Evaluation counts verdicts only.
+    from rlreason import judge as judge_lib
+    result = run.judge.score([examples[n // g].prompt for n in range(len(texts))], texts,
+                             params=params)
+    rewards_N, mix_metrics = judge_lib.combine(
+        run.reward_mix, verifier_rewards=rewards_BxG.reshape(-1),
+        judge_rewards=result.rewards_N, progress=progress)
+    rewards_BxG = np.array(rewards_N, np.float32).reshape(-1, g)
+    metrics.update({**result.metrics(), **mix_metrics})
   return (rewards_BxG, verdicts) if return_verdicts else (rewards_BxG, metrics)
 
 

@@ -55,6 +55,8 @@ class Run:
   eval_rng: jax.Array
   optimizer: Any
   ref_params: Any = None
+  judge: Any = None  # With config.judge.enabled: a judge.Judge and the RewardComposition
+  reward_mix: Any = None  # of its reward with the verifier's.
 
   def restore_or_init(self):
     """(state, step): the newest restorable checkpoint, or fresh state at step 0."""
@@ -201,6 +203,10 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
                                            best_metric='eval/pass@1'),
       root_rng=jax.random.fold_in(root, 1), eval_rng=jax.random.fold_in(root, 2),
       optimizer=optimizer)
+  if config.judge.enabled:
+    from rlreason import judge as judge_lib
+    run.judge, run.reward_mix = judge_lib.from_config(config.judge, policy_cfg=cfg, policy_tok=tok,
+                                                      mesh=mesh, seed=config.seed)
   return run
 
 

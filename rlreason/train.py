@@ -43,7 +43,7 @@ def sample_and_verify(run: Run, params, examples, rng, *, progress: float):
       max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_k=rl.top_k,
       top_p=rl.top_p, stop_tokens=tuple(run.tok.eos_ids), pad_id=run.pad_id, rng=rng,
       mesh=run.mesh)
-  rewards_BxG, vmetrics = verify(run, rollout, examples, progress=progress)
+  rewards_BxG, vmetrics = verify(run, rollout, examples, progress=progress, params=params)
   return rollout, rewards_BxG, vmetrics
 
 

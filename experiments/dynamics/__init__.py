@@ -1,0 +1,76 @@
+"""Small-scale dynamics studies (issue #8): one module per study, each with a colab notebook.
+
+A study module has a docstring (question, command, runtime, result), `simulate(smoke)`,
+`figure(results)` and `summary(results)` functions that use only numpy, jax, matplotlib and
+the public rlreason API, and a `main()` that runs them and saves the figure under
+colab/figures/. Its notebook colab/<nn>_<name>.ipynb is generated from the same source by
+`write_notebook` (`python -m experiments.dynamics.<name> --write_notebook`), so the two cannot
+drift apart: the notebook's cells are the module's import lines, the source of those
+functions, and the docstring's question and result.
+
+Deliberately not here: shared toy-loop code (rlreason/dynamics.py), the test that executes
+the notebooks (tests/colab_test.py).
+"""
+
+import inspect
+import pathlib
+import types
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+FIGURES = REPO / 'colab' / 'figures'
+
+_INSTALL = """\
+import os, sys
+# In Colab, install the package first (set RLREASON_PIP to a wheel, path or git URL of rlreason);
+# anywhere else this cell does nothing.
+if 'google.colab' in sys.modules:
+  !pip install -q "{os.environ.get('RLREASON_PIP', 'rlreason[colab]')}"
+"""
+
+_SETTINGS = """\
+import os
+SMOKE = os.environ.get('RLREASON_SMOKE') == '1'  # the test suite's reduced settings
+"""
+
+
+def _docstring_parts(module: types.ModuleType) -> tuple[str, str, str]:
+  """(title, question, result) from a study docstring with 'Question:' and 'Result:' sections."""
+  doc = inspect.getdoc(module)
+  title, rest = doc.split('\n', 1)
+  try:
+    question = rest.split('Question:', 1)[1].split('\n\n', 1)[0].strip()
+    result = rest.split('Result:', 1)[1].strip()
+  except IndexError as e:
+    raise ValueError(f'{module.__name__}: docstring needs "Question:" and "Result:" sections.') from e
+  return title, question, result
+
+
+def _import_lines(module: types.ModuleType) -> str:
+  lines = inspect.getsource(module).splitlines()
+  keep = [l for l in lines if l.startswith(('import ', 'from '))
+          and not any(x in l for x in ('experiments', 'argparse', 'pathlib'))]
+  return '\n'.join(keep)
+
+
+def write_notebook(module: types.ModuleType, *, path: pathlib.Path, steps: list[str]) -> None:
+  """Write `module`'s notebook to `path`, without outputs.
+
+  Each entry of `steps` that names a function of `module` becomes a cell with its source;
+  any other entry is a code cell as written (e.g. 'results = simulate(SMOKE)').
+  """
+  import nbformat  # Only the generator needs it (the `colab`/`test` extras), not the study.
+  title, question, result = _docstring_parts(module)
+  v4 = nbformat.v4
+  cells = [
+      v4.new_markdown_cell(f'# {title}\n\n**Question.** {question}'),
+      v4.new_code_cell(_INSTALL),
+      v4.new_code_cell(_SETTINGS),
+      v4.new_code_cell(_import_lines(module)),
+      *(v4.new_code_cell(inspect.getsource(getattr(module, step)) if step.isidentifier()
+                         else step) for step in steps),
+      v4.new_markdown_cell(f"## What the plot shows vs the paper's claim\n\n{result}"),
+  ]
+  nb = v4.new_notebook(cells=cells, metadata={
+      'kernelspec': {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'},
+      'language_info': {'name': 'python'}})
+  nbformat.write(nb, str(path))

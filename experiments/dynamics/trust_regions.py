@@ -1,0 +1,147 @@
+"""Study 5: trust regions under a high learning rate and stale rollouts
+
+Question: with several updates per batch, a behaviour policy two iterations old and a large
+learning rate, how do PPO's clip, DAPO's clip-higher, CISPO's clipped IS weight and QUATRO's
+per-prompt KL trust region (our formalisation, algorithms.md §7) differ in entropy, KL to the
+behaviour policy and stability across seeds?
+
+  python -m experiments.dynamics.trust_regions            # full run, writes colab/figures/05_*.png
+  python -m experiments.dynamics.trust_regions --smoke    # seconds
+  python -m experiments.dynamics.trust_regions --write_notebook   # regenerates colab/05_*.ipynb
+
+Runtime: full run about 2 min on 2 CPU cores, smoke a few seconds.
+
+Setup: a contextual bandit with sequence-like answers: 8 prompts, each answer 4 tokens drawn
+independently per position from 16 choices, one correct choice per position with initial mass
+0.05 ... 0.4 depending on the prompt; reward = fraction of correct positions; G = 8, GRPO
+advantages, token-mean; Adam on the logits; 4 updates per batch and rollouts from the policy 2
+iterations old; learning rate 0.01 (moderate), 0.1 and 1 (high); 150 iterations, 32 seeds.
+Losses: no trust region (PPO-clip with ε = ∞), PPO-clip ε = 0.2, clip-higher 0.2 / 0.28, CISPO
+weight clip [0, 1.2] (verl's example), QUATRO δ = 0.02 (REPS dual per prompt, token ratios)
+with the §7 stabiliser ρ log ρ and with the 'kl_generator' one (ρ log ρ − ρ + 1).
+
+Result: see the last section of colab/05_trust_regions.ipynb (filled in from the full run).
+"""
+
+import argparse
+import functools
+
+import jax
+import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
+import optax
+
+from experiments import dynamics as studies
+from rlreason import advantages
+from rlreason import dynamics
+from rlreason import losses
+from rlreason import trust_region
+
+
+def simulate(smoke: bool) -> dict:
+  """Each method at each learning rate: metrics with axes [lr, seed, iteration]."""
+  logits, correct = dynamics.difficulty_ladder(
+      success_B=np.linspace(0.05, 0.4, 8), num_answers=16, num_correct=1, position_count=4)
+  iterations, seeds = (10, 2) if smoke else (150, 32)
+  group_size = 8
+  lrs = np.array([0.01, 0.1, 1.0])
+
+  def train_for(hparams, key, loss_fn):
+    return dynamics.make_train(
+        correct_BxLxV=correct, init_params=logits, advantage_fn=advantages.grpo,
+        loss_fn=functools.partial(loss_fn, **hparams['loss']),
+        optimizer=optax.adam(hparams['lr']), group_size=group_size, num_iterations=iterations,
+        num_updates=4, staleness=2)(key)
+
+  # Methods that differ only in numbers share one compilation (their options are traced).
+  ppo_family = {'no trust region': (1e9, 1e9), 'PPO clip 0.2': (0.2, 0.2),
+                'clip-higher 0.2/0.28': (0.2, 0.28)}
+  programs = {
+      'ppo': (losses.ppo_clip, list(ppo_family),
+              [dict(eps_low=lo, eps_high=hi) for lo, hi in ppo_family.values()]),
+      'cispo': (functools.partial(losses.cispo, cap='relative'), ['CISPO [0, 1.2]'],
+                [dict(eps_low=1.0, eps_high=0.2)]),
+      'quatro': (functools.partial(trust_region.quatro, group_size=group_size),
+                 ['QUATRO δ=0.02'], [dict(delta=0.02)]),
+      'quatro_kl_generator': (functools.partial(trust_region.quatro, group_size=group_size,
+                                                stabilizer='kl_generator'),
+                              ['QUATRO δ=0.02 kl_generator'], [dict(delta=0.02)]),
+  }
+  out = {'lrs': lrs, 'methods': {}}
+  for loss_fn, names, options in programs.values():
+    grid = {'lr': jnp.tile(jnp.asarray(lrs), len(names)),
+            'loss': {k: jnp.repeat(jnp.asarray([o[k] for o in options], jnp.float32), len(lrs))
+                     for k in options[0]}}
+    state, m = dynamics.run_grid(functools.partial(train_for, loss_fn=loss_fn), grid, seed=0,
+                                 num_seeds=seeds)
+    probs = jax.nn.softmax(state.params, -1)
+    # A position has collapsed onto a wrong answer when one wrong choice holds > 0.99.
+    wrong_lock = jnp.max(jnp.where(correct > 0, 0.0, probs), -1) > 0.99
+    for i, name in enumerate(names):
+      sl = slice(i * len(lrs), (i + 1) * len(lrs))
+      out['methods'][name] = {
+          'success_CxRxI': np.asarray(m['success_B'][sl].mean(-1)),
+          'entropy_CxRxI': np.asarray(m['entropy'][sl]),
+          'kl_CxRxI': np.asarray(m['kl_behaviour'][sl]),
+          'wrong_lock_CxR': np.asarray(wrong_lock[sl].mean((-1, -2))),
+      }
+  return out
+
+
+def figure(results: dict):
+  """Rows: success, entropy, KL to the behaviour policy; columns: learning rates."""
+  lrs = results['lrs']
+  fig, axes = plt.subplots(3, len(lrs), figsize=(5 * len(lrs), 10), squeeze=False)
+  for name, run in results['methods'].items():
+    for c, lr in enumerate(lrs):
+      x_I = np.arange(1, run['success_CxRxI'].shape[-1] + 1)
+      line = dynamics.plot_band(axes[0, c], x_I, run['success_CxRxI'][c], label=name)
+      dynamics.plot_band(axes[1, c], x_I, run['entropy_CxRxI'][c], label=name,
+                         color=line.get_color())
+      dynamics.plot_band(axes[2, c], x_I, np.maximum(run['kl_CxRxI'][c], 1e-6), label=name,
+                         color=line.get_color())
+      axes[0, c].set(title=f'Adam lr {lr:g}: expected reward', ylim=(0, 1.02))
+      axes[1, c].set(title='mean per-position entropy (nats)')
+      axes[2, c].set(title='KL(π_new ‖ π_behaviour), behaviour 2 iterations old', yscale='log',
+                     xlabel='iteration')
+  axes[0, 0].legend(fontsize=8)
+  fig.tight_layout()
+  return fig
+
+
+def summary(results: dict) -> str:
+  """Final expected reward (median, seed std), entropy, mean KL, wrong-locked positions."""
+  lines = []
+  for c, lr in enumerate(results['lrs']):
+    for name, run in results['methods'].items():
+      final_R = run['success_CxRxI'][c, :, -1]
+      lines.append(
+          f'lr={lr:g} {name:28s} reward {np.median(final_R):.3f} (seed std {final_R.std():.3f}, '
+          f'min {final_R.min():.3f}), entropy {np.median(run["entropy_CxRxI"][c, :, -1]):.3f}, '
+          f'mean KL {run["kl_CxRxI"][c].mean():.3f}, '
+          f'wrong-locked positions {run["wrong_lock_CxR"][c].mean():.3f}')
+  return '\n'.join(lines)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--smoke', action='store_true', help='reduced settings (seconds)')
+  parser.add_argument('--write_notebook', action='store_true', help='regenerate the notebook')
+  args = parser.parse_args()
+  if args.write_notebook:
+    import sys
+    studies.write_notebook(sys.modules[__name__], path=studies.REPO / 'colab' /
+                           '05_trust_regions.ipynb', steps=[
+                               'simulate', 'results = simulate(SMOKE)', 'figure', 'summary',
+                               'fig = figure(results)\nprint(summary(results))'])
+    return
+  results = simulate(args.smoke)
+  print(summary(results))
+  fig = figure(results)
+  if not args.smoke:
+    fig.savefig(studies.FIGURES / '05_trust_regions.png', dpi=60)
+
+
+if __name__ == '__main__':
+  main()

@@ -12,12 +12,13 @@ import numpy as np
 
 from rlreason import advantage_transforms
 from rlreason import advantages
+from rlreason import multihost
 from rlreason.structs import Rollout, TrainBatch
 
 
 def decode_completions(run, rollout: Rollout) -> list[str]:
-  tokens = np.asarray(jax.device_get(rollout.tokens_NxL))
-  mask = np.asarray(jax.device_get(rollout.mask_NxL))
+  """This process's rows (all rows on one host; see multihost.py)."""
+  tokens, mask = multihost.local_rows(rollout.tokens_NxL), multihost.local_rows(rollout.mask_NxL)
   return run.tok.decode_batch([row[m].tolist() for row, m in zip(tokens, mask)],
                               skip_special_tokens=True)
 
@@ -31,10 +32,11 @@ def verify(run, rollout: Rollout, examples, *, progress: float, return_verdicts:
   """
   g = rollout.group_size
   texts = decode_completions(run, rollout)
-  items = [{'completion': text, 'answer': examples[n // g].answer, **examples[n // g].meta}
-           for n, text in enumerate(texts)]
-  verdicts = run.pool.score(items, verifier=run.config.verifier.name,
-                            deadline_s=run.config.verifier.deadline_s)
+  first = multihost.row_block(rollout.tokens_NxL.shape[0]).start  # Each host verifies its rows.
+  items = [{'completion': text, 'answer': examples[(first + n) // g].answer,
+            **examples[(first + n) // g].meta} for n, text in enumerate(texts)]
+  verdicts = multihost.gather_verdicts(run.pool.score(
+      items, verifier=run.config.verifier.name, deadline_s=run.config.verifier.deadline_s))
   rewards_BxG = np.array([v.reward for v in verdicts], np.float32).reshape(-1, g)
   statuses = [v.status for v in verdicts]
   metrics = {f'verifier/{s}_frac': statuses.count(s) / len(statuses) for s in set(statuses)}

@@ -21,6 +21,7 @@ import optax
 from rlreason import checkpoint
 from rlreason import data
 from rlreason import model
+from rlreason import multihost
 from rlreason import sampler
 from rlreason import sharding
 from rlreason import tasks
@@ -117,7 +118,10 @@ def _tokenizer(config) -> tokenizer_lib.Tokenizer:
 def _examples(config):
   """(infinite batched train iterator, held-out list) for the configured source."""
   d, b = config.data, config.rl.prompts_per_step
-  shard = dict(shard_index=jax.process_index(), shard_count=jax.process_count())
+  # Every host reads the same global stream and owns a block of each batch (multihost.py):
+  # the data then does not depend on the host count, and its iterator state is the same on
+  # every host (process 0 checkpoints it).
+  shard = dict(shard_index=0, shard_count=1)
   if d.source == 'task':
     options = dict(d.task_options)
     stream = data.synthetic_stream(d.task, seed=config.seed, difficulty=d.difficulty,
@@ -197,11 +201,12 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
       sample_shardings=sharding.param_shardings(cfg, mesh, sharding.SAMPLE_RULES),
       objective=objective, train_step=train_step, logprobs=logprobs, init_params=params,
       data_iter=data_iter, eval_examples=eval_examples,
-      eval_chunk=min(len(eval_examples), 256) or 1,
+      eval_chunk=multihost.round_up(min(len(eval_examples), 256) or 1),
       pool=pool_lib.VerifierPool(num_workers=config.verifier.workers),
       checkpointer=checkpoint.Checkpointer(workdir, keep=config.checkpoint.keep,
                                            best_metric='eval/pass@1'),
-      root_rng=jax.random.fold_in(root, 1), eval_rng=jax.random.fold_in(root, 2),
+      root_rng=multihost.replicate_key(jax.random.fold_in(root, 1), mesh),
+      eval_rng=multihost.replicate_key(jax.random.fold_in(root, 2), mesh),
       optimizer=optimizer)
   if config.judge.enabled:
     from rlreason import judge as judge_lib

@@ -29,7 +29,8 @@ once per prompt. Prompts are grouped by length bucket into calls of `batch_size`
 call padded by repetition), so a run compiles once per bucket and never across steps.
 
 Deliberately not here: generated critiques (chain-of-thought judging), several rubric
-dimensions per step, step-level advantages, verifiers (verifiers/ never imports JAX).
+dimensions per step, step-level advantages, multi-host judging (`from_config` refuses it),
+verifiers (verifiers/ never imports JAX).
 """
 
 import dataclasses
@@ -349,6 +350,10 @@ def from_config(c, *, policy_cfg: model.ModelConfig, policy_tok: tokenizer_lib.T
   c.model: 'policy' (the current policy judges, with its tokenizer), a Hugging Face
   checkpoint directory (its own weights and tokenizer), or 'random-tiny' (tests only).
   """
+  if jax.process_count() > 1:
+    # Each host verifies only its own rows, but the judge's sampler calls are collectives
+    # that every host must make alike: it would first have to gather every row's text.
+    raise NotImplementedError('judge.enabled: the judge reward runs on one host only so far.')
   if c.model == 'policy':
     cfg, tok, params = policy_cfg, policy_tok, None
   elif c.model == 'random-tiny':

@@ -42,7 +42,7 @@ def _docstring_parts(module: types.ModuleType) -> tuple[str, str, str]:
     result = rest.split('Result:', 1)[1].strip()
   except IndexError as e:
     raise ValueError(f'{module.__name__}: docstring needs "Question:" and "Result:" sections.') from e
-  return title, question, result
+  return title, question[:1].upper() + question[1:], result
 
 
 def _import_lines(module: types.ModuleType) -> str:

@@ -30,7 +30,11 @@ def default() -> ml_collections.ConfigDict:
       source='task',  # 'task' | 'jsonl' | 'parquet'
       task='arithmetic', difficulty=5, task_options={},
       path='', eval_path='', format='gsm8k',  # 'gsm8k' | 'math'
-      held_out_fraction=0.1, prompt_template='{prompt}', prompt_buckets=(32, 64, 128, 256)))
+      held_out_fraction=0.1, prompt_template='{prompt}', prompt_buckets=(32, 64, 128, 256),
+      # Which prompts a step trains on (prompt_schedule.py): the stream in order, or HeaPA's
+      # frontier pool of `pool_size` prompts (+ `fresh_per_step` new ones admitted per step).
+      schedule='uniform',  # 'uniform' | 'heapa'
+      heapa=dict(pool_size=256, low_fraction=0.5, mode='medium', fresh_per_step=0)))
 
   c.rl = ml_collections.ConfigDict(dict(
       steps=100, prompts_per_step=16, group_size=8, epochs=1, minibatches=1, micro_batches=1,
@@ -56,6 +60,17 @@ def default() -> ml_collections.ConfigDict:
       template='', response_prefix='', use_chat_template=True, chat_kwargs={},
       prompt_buckets=(256, 512, 1024, 2048), batch_size=32, empty_reward=0.0, dtype='float32'))
 
+  # Mixed-policy rollouts (mixed_policy.py). HAPO: where the Beta-Binomial gate opens (Thompson
+  # draw, or posterior mass below the threshold >= `confidence` when > 0), the lowest-reward
+  # rollout becomes the verified reference solution; threshold anneals to 0 by anneal_steps.
+  c.hapo = ml_collections.ConfigDict(dict(
+      enabled=False, threshold=0.5, anneal_steps=100, alpha0=1.0, beta0=1.0, confidence=0.0,
+      require_all_fail=False, success_reward=1.0, teacher_behaviour='learner'))  # | 'one'
+  # Prefixes of up to max_tokens tokens sampled by an older snapshot (the warm start, or the
+  # policy every refresh_every steps) for the first rows_per_group rows of each group.
+  c.prefix_rollouts = ml_collections.ConfigDict(dict(
+      enabled=False, max_tokens=8, rows_per_group=1, refresh_every=0))
+
   # Supervised warm start on reference (or a configured teacher's) solutions before RL.
   c.sft = ml_collections.ConfigDict(dict(
       steps=0, batch_size=64, lr=3e-3, warmup_steps=50, decay=True, grad_clip=0.0, teacher='',
@@ -63,6 +78,8 @@ def default() -> ml_collections.ConfigDict:
 
   c.eval = ml_collections.ConfigDict(dict(every=0, num_prompts=500, k=1, temperature=0.0))
   c.checkpoint = ml_collections.ConfigDict(dict(every=0, keep=3))
+  # The final policy as a Hugging Face directory (config.json + safetensors); '' skips it.
+  c.export = ml_collections.ConfigDict(dict(path='', dtype=''))  # dtype '': model.param_dtype
   c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
   c.log_every = 1
   return c
@@ -125,6 +142,7 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
     errors.append(f'verifier.name: {e}')
   check(c.verifier.deadline_s > 0, f'verifier.deadline_s={c.verifier.deadline_s} must be > 0.')
   check(c.eval.k >= 1, f'eval.k={c.eval.k} must be >= 1.')
+  _check_mixed_policy(c, check)
   if c.judge.enabled:
     from rlreason import judge
     for field, known in (('split', judge.SPLITTERS), ('aggregate', judge.AGGREGATES),
@@ -134,3 +152,38 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
     check(bool(c.judge.model), "judge.model is empty; 'policy', an HF dir or 'random-tiny'.")
   if errors:
     raise ValueError('invalid config:\n  ' + '\n  '.join(errors))
+
+
+def _check_mixed_policy(c, check) -> None:
+  """Prompt schedule, HAPO, prefix rollouts and export fields."""
+  import inspect
+  from rlreason import losses, prompt_schedule
+  d, h, p = c.data, c.hapo, c.prefix_rollouts
+  check(d.schedule in ('uniform', 'heapa'),
+        f"data.schedule={d.schedule!r}; known: 'uniform', 'heapa'.")
+  if d.schedule == 'heapa':
+    check(d.heapa.pool_size >= 1, f'data.heapa.pool_size={d.heapa.pool_size} must be >= 1.')
+    check(0 < d.heapa.low_fraction < 1,
+          f'data.heapa.low_fraction={d.heapa.low_fraction} must be in (0, 1).')
+    check(d.heapa.mode in prompt_schedule.MODES,
+          f'data.heapa.mode={d.heapa.mode!r}; known: {prompt_schedule.MODES}.')
+    check(d.heapa.fresh_per_step >= 0,
+          f'data.heapa.fresh_per_step={d.heapa.fresh_per_step} must be >= 0.')
+  if h.enabled:
+    check(h.anneal_steps >= 1, f'hapo.anneal_steps={h.anneal_steps} must be >= 1.')
+    check(0 <= h.threshold <= 1, f'hapo.threshold={h.threshold} must be in [0, 1].')
+    check(0 <= h.confidence < 1, f'hapo.confidence={h.confidence} must be in [0, 1).')
+    check(h.teacher_behaviour in ('learner', 'one'),
+          f"hapo.teacher_behaviour={h.teacher_behaviour!r}; known: 'learner', 'one'.")
+  if p.enabled:
+    check(p.max_tokens >= 1, f'prefix_rollouts.max_tokens={p.max_tokens} must be >= 1.')
+    check(0 <= p.rows_per_group <= c.rl.group_size,
+          f'prefix_rollouts.rows_per_group={p.rows_per_group} must be in [0, rl.group_size].')
+    check(p.refresh_every >= 0, f'prefix_rollouts.refresh_every={p.refresh_every} must be >= 0.')
+    loss = losses.POLICY_LOSSES.get(c.objective.policy_loss)
+    check(loss is None or 'prefix_mask_NxL' in inspect.signature(loss).parameters,
+          f'prefix_rollouts.enabled needs a policy loss that treats prefix tokens apart; '
+          f'objective.policy_loss={c.objective.policy_loss!r} ignores them (use '
+          "'prefix_mixed_ppo').")
+  check(c.export.dtype in ('', 'float32', 'bfloat16', 'float16'),
+        f"export.dtype={c.export.dtype!r}; known: '', 'float32', 'bfloat16', 'float16'.")

@@ -1,22 +1,31 @@
 """Held-out evaluation: pass@k (unbiased), mean@k and majority vote over k samples.
 
-  python -m rlreason.evaluate --config experiments/demo.py --workdir DIR [--k 8]
+  python -m rlreason.evaluate --config experiments/demo.py --workdir DIR [--step N] [--k 8]
+      [--temperature 1.0] [--output FILE] [--export HF_DIR]
 
-evaluates the newest checkpoint in DIR on the config's held-out prompts. From Python,
-`evaluate(...)` samples k completions per prompt with the product's sampler, scores them with
-the configured verifier pool, and returns the metrics.
+restores the newest (or step N's) checkpoint in DIR, samples k completions per held-out
+prompt of the config, prints `pass@1=... pass@k=... mean@k=... maj@k=...`, and writes them
+with the step and settings to FILE (default DIR/eval/step_<N>.json); `--export` also writes
+the policy as a Hugging Face directory. From Python, `evaluate(run, params, ...)` does the
+sampling (the product's sampler) and scoring (the configured verifier pool) and returns the
+metrics; `summarize` is the pure part.
 
 pass@k uses the unbiased estimator of Chen et al. 2021 (arXiv 2107.03374): with n samples
-of which c are correct, pass@k = 1 - C(n - c, k) / C(n, k), averaged over prompts.
+of which c are correct, pass@k = 1 - C(n - c, k) / C(n, k), averaged over prompts. The
+majority vote is over each sample's final answer (`answer_key`).
 
 Deliberately not here: the verifiers themselves, the training loop.
 """
 
 from collections import Counter
 from collections.abc import Sequence
+import json
 import math
+import pathlib
 
 import numpy as np
+
+from rlreason.verifiers import answer_extraction
 
 
 def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
@@ -58,3 +67,120 @@ def summarize(correct_BxK: np.ndarray, *,
       votes.append(bool(row_correct[list(row_answers).index(top)]))
     out[f'maj@{n}'] = float(np.mean(votes))
   return out
+
+
+def answer_key(text: str) -> str | None:
+  """What a sample votes for: its extracted final answer (####, boxed, <answer>, "answer
+  is"), else the whole stripped completion (tasks whose completion is the answer); None if
+  empty."""
+  answer, _ = answer_extraction.final_answer(text)
+  key = (answer if answer is not None else text).strip()
+  return key or None
+
+
+def sample_verdicts(run, params, *, k: int, temperature: float, rng):
+  """k samples per held-out prompt, judged: (correct_BxK, answers_BxK or None, tokens).
+
+  Chunks of run.eval_chunk prompts (the last one padded: one shape, one compilation), each
+  sampled with the same key. Answers are None on more than one process (each host decodes
+  only its rows), so majority vote is then left out.
+  """
+  import jax
+  from rlreason import sampler
+  from rlreason.rl_batch import decode_completions, verify
+  from rlreason.run_setup import encode_prompts
+  examples, chunk = run.eval_examples, run.eval_chunk
+  correct, answers, tokens = [], [], 0
+  for start in range(0, len(examples), chunk):
+    part = examples[start:start + chunk]
+    padded = part + [part[-1]] * (chunk - len(part))
+    rollout = sampler.generate(
+        params, encode_prompts(run, padded), cfg=run.cfg, group_size=k,
+        max_new_tokens=run.config.rl.max_new_tokens, temperature=temperature,
+        stop_tokens=tuple(run.tok.eos_ids), pad_id=run.pad_id, rng=rng, mesh=run.mesh)
+    _, verdicts = verify(run, rollout, padded, progress=1.0, return_verdicts=True)
+    ok_BxK = np.array([v.status == 'correct' for v in verdicts]).reshape(chunk, k)
+    correct.append(ok_BxK[:len(part)])
+    if jax.process_count() == 1:
+      keys = [answer_key(t) for t in decode_completions(run, rollout)]
+      answers += [keys[b * k:(b + 1) * k] for b in range(len(part))]
+    tokens += int(rollout.lengths_N[:len(part) * k].sum())  # Rows are prompt-major.
+  return (np.concatenate(correct), answers if jax.process_count() == 1 else None, tokens)
+
+
+def evaluate(run, params, *, k: int, temperature: float, rng) -> dict[str, float]:
+  """pass@1, pass@k, mean@k, maj@k on run.eval_examples, and the tokens generated."""
+  correct_BxK, answers_BxK, tokens = sample_verdicts(run, params, k=k, temperature=temperature,
+                                                     rng=rng)
+  out = summarize(correct_BxK, answers_BxK=answers_BxK, ks=sorted({1, k}))
+  out['generated_tokens'] = float(tokens)
+  return out
+
+
+def restore_params(run, *, step: int | None = None, from_best: bool = False):
+  """(step, params) of the newest (or `step`'s, or the best) checkpoint of run.workdir."""
+  import jax
+  from rlreason import update
+  abstract = jax.eval_shape(lambda p: update.init_state(p, run.optimizer), run.init_params)
+  abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          abstract, run.state_shardings)
+  restored = run.checkpointer.restore(abstract, step=step, from_best=from_best)
+  if restored is None:
+    raise FileNotFoundError(f'no checkpoint in {run.workdir / "checkpoints"} to evaluate.')
+  return restored[0], restored[1].params
+
+
+def evaluate_checkpoint(config, workdir, *, step: int | None = None, from_best: bool = False,
+                        k: int = 0, temperature: float | None = None, output: str = '',
+                        export: str = '') -> dict:
+  """The command line's work: restore, evaluate, write the JSON (and export); returns it."""
+  import jax
+  from rlreason import config as config_lib
+  from rlreason import run_setup
+  workdir = pathlib.Path(workdir)
+  config_lib.validate(config, num_devices=jax.device_count())
+  k = k or config.eval.k
+  temperature = config.eval.temperature if temperature is None else temperature
+  run = run_setup.build(config, workdir)
+  try:
+    step, params = restore_params(run, step=step, from_best=from_best)
+    with jax.set_mesh(run.mesh):  # The params as the loop evaluates them (train shardings).
+      metrics = evaluate(run, params, k=k, temperature=temperature, rng=run.eval_rng)
+    if export:
+      run_setup.export_policy(run, params, export, dtype=config.export.dtype)
+  finally:
+    run.close()
+  result = {'step': step, 'k': k, 'temperature': temperature,
+            'num_prompts': len(run.eval_examples), 'metrics': metrics}
+  output = pathlib.Path(output or workdir / 'eval' / f'step_{step}.json')
+  if jax.process_index() == 0:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(result, indent=2) + '\n')
+  print(f'step={step} ' + ' '.join(f'{name}={v:.4f}' for name, v in metrics.items()))
+  print(f'wrote {output}')
+  return result
+
+
+if __name__ == '__main__':
+  from absl import app
+  from absl import flags
+  from absl import logging as absl_logging
+  from ml_collections import config_flags
+  _CONFIG = config_flags.DEFINE_config_file('config', None, 'The run\'s experiment config.')
+  _WORKDIR = flags.DEFINE_string('workdir', None, 'The run\'s workdir (its checkpoints).')
+  _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step (default: the newest).')
+  _BEST = flags.DEFINE_bool('best', False, 'Evaluate the best checkpoint instead.')
+  _K = flags.DEFINE_integer('k', 0, 'Samples per prompt (default: config.eval.k).')
+  _TEMPERATURE = flags.DEFINE_float('temperature', None, 'Default: config.eval.temperature.')
+  _OUTPUT = flags.DEFINE_string('output', '', 'JSON file (default: WORKDIR/eval/step_N.json).')
+  _EXPORT = flags.DEFINE_string('export', '', 'Also write the policy as a HF directory here.')
+  flags.mark_flags_as_required(['config', 'workdir'])
+
+  def _main(argv):
+    del argv
+    absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every file at INFO.
+    evaluate_checkpoint(_CONFIG.value, _WORKDIR.value, step=_STEP.value, from_best=_BEST.value,
+                        k=_K.value, temperature=_TEMPERATURE.value, output=_OUTPUT.value,
+                        export=_EXPORT.value)
+
+  app.run(_main)

@@ -103,9 +103,23 @@ def make_train_batch(run, params, rollout: Rollout):
       tokens_NxT=tokens_NxT, mask_NxT=mask_NxT, loss_mask_NxL=rollout.mask_NxL,
       advantages_NxL=jnp.zeros(rollout.mask_NxL.shape, jnp.float32),
       old_logprobs_NxL=stats.logprobs_NxT, ref_logprobs_NxL=ref,
-      behaviour_logprobs_NxL=rollout.behaviour_logprobs_NxL,
+      # NaN marks tokens that count as the learner's own (HAPO teacher traces, mixed_policy.py).
+      behaviour_logprobs_NxL=jnp.where(jnp.isnan(rollout.behaviour_logprobs_NxL),
+                                       stats.logprobs_NxT, rollout.behaviour_logprobs_NxL),
       prefix_mask_NxL=rollout.prefix_mask_NxL)
   return batch, stats
+
+
+def zero_variance_fraction(rewards_BxG) -> float:
+  """Fraction of groups whose G rewards are all equal (their group advantage is 0)."""
+  rewards_BxG = np.asarray(rewards_BxG)
+  return float(np.mean(rewards_BxG.max(-1) == rewards_BxG.min(-1)))
+
+
+def throughput(times: dict[str, float]) -> dict[str, float]:
+  """tokens/s of each phase with a token count ('tokens/<phase>') and a time."""
+  return {f'throughput/{k[7:]}_tokens_per_s': v / max(times[f'time/{k[7:]}_s'], 1e-9)
+          for k, v in times.items() if k.startswith('tokens/') and f'time/{k[7:]}_s' in times}
 
 
 def advantages_for(run, rewards_BxG, stats, mask_NxL, *, progress: float):

@@ -58,6 +58,7 @@ class Run:
   ref_params: Any = None
   judge: Any = None  # With config.judge.enabled: a judge.Judge and the RewardComposition
   reward_mix: Any = None  # of its reward with the verifier's.
+  prefix_params: Any = None  # With prefix_rollouts.enabled: the older snapshot (mixed_policy).
 
   def restore_or_init(self):
     """(state, step): the newest restorable checkpoint, or fresh state at step 0."""
@@ -72,6 +73,10 @@ class Run:
     logging.info('resumed from step %d in %s', step, self.workdir)
     if self.config.objective.kl_coef:
       self.ref_params = self._ref_from_checkpoint(abstract)
+    if self.config.prefix_rollouts.enabled:
+      from rlreason import mixed_policy
+      self.prefix_params = mixed_policy.restore_prefix_policy(
+          self, abstract.params, step, self._ref_from_checkpoint(abstract))
     return state, step
 
   def _fresh_state(self):
@@ -87,6 +92,9 @@ class Run:
   def save(self, step: int, state, *, metrics=None) -> None:
     if step == 0 and self.config.objective.kl_coef:
       self.ref_params = jax.tree.map(jnp.copy, state.params)
+    if step == 0 and self.config.prefix_rollouts.enabled:
+      self.prefix_params = sharding.reshard(jax.tree.map(jnp.copy, state.params),
+                                            self.sample_shardings)
     kw = dict(data_state=self.data_iter.get_state(), config=self.config.to_dict(), force=True)
     self.checkpointer.save(step, state, metrics=metrics, **kw)
     self.checkpointer.wait()
@@ -136,7 +144,19 @@ def _examples(config):
     train_examples = load(d.path, fmt)
     held_out = load(d.eval_path, fmt)[:config.eval.num_prompts] if d.eval_path else []
     stream = data.examples_dataset(train_examples, seed=config.seed, **shard)
-  return iter(data.batched(stream, b)), held_out
+  return _schedule(config, stream), held_out
+
+
+def _schedule(config, stream):
+  """The prompt schedule over the train stream: uniform batches or HeaPA's frontier pool."""
+  from rlreason import prompt_schedule
+  b, h = config.rl.prompts_per_step, config.data.heapa
+  if config.data.schedule == 'uniform':
+    return prompt_schedule.UniformSchedule(iter(data.batched(stream, b)))
+  pool = prompt_schedule.FrontierPool(capacity=h.pool_size, low_fraction=h.low_fraction,
+                                      mode=h.mode, seed=config.seed)
+  return prompt_schedule.FrontierSchedule(iter(stream), batch_size=b, pool=pool,
+                                          fresh_per_step=h.fresh_per_step)
 
 
 def _params(config, tok):
@@ -182,7 +202,7 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
   o = config.objective
   objective = update.Objective(
       policy_loss=o.policy_loss, loss_kwargs=tuple(sorted(dict(o.loss_kwargs).items())),
-      aggregation=o.aggregation, max_len=config.rl.max_new_tokens, kl_coef=o.kl_coef,
+      aggregation=o.aggregation, max_len=completion_length(config), kl_coef=o.kl_coef,
       kl_estimator=o.kl_estimator, entropy_coef=o.entropy_coef,
       temperature=max(config.rl.temperature, 1e-6), group_size=config.rl.group_size)
   train_step = jax.jit(
@@ -213,6 +233,31 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
     run.judge, run.reward_mix = judge_lib.from_config(config.judge, policy_cfg=cfg, policy_tok=tok,
                                                       mesh=mesh, seed=config.seed)
   return run
+
+
+def completion_length(config) -> int:
+  """L: sampled tokens, after an older policy's prefix when prefix_rollouts are on."""
+  p = config.prefix_rollouts
+  return config.rl.max_new_tokens + (p.max_tokens if p.enabled else 0)
+
+
+_TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json',
+                    'vocab.json', 'merges.txt', 'tokenizer.model', 'generation_config.json',
+                    'chat_template.jinja')
+
+
+def export_policy(run: Run, params, path, *, dtype: str = '') -> pathlib.Path:
+  """Writes params as a HF directory (weights.save) with the HF tokenizer's files, if any."""
+  import shutil
+  path = pathlib.Path(path)
+  weights.save(path, run.cfg, params, dtype=dtype or None)
+  if run.config.tokenizer.kind == 'hf':
+    for name in _TOKENIZER_FILES:
+      source = pathlib.Path(run.config.tokenizer.path) / name
+      if source.is_file():
+        shutil.copyfile(source, path / name)
+  logging.info('exported the policy to %s', path)
+  return path
 
 
 def encode_prompts(run: Run, examples) -> Prompts:

@@ -22,10 +22,12 @@ import numpy as np
 from rlreason import checkpoint
 from rlreason import config as config_lib
 from rlreason import metrics as metrics_lib
+from rlreason import mixed_policy
 from rlreason import sampler
 from rlreason import sharding
-from rlreason.rl_batch import advantages_for, dynamic_filter, make_train_batch, verify
-from rlreason.run_setup import Run, build, encode_prompts, sft_loop
+from rlreason.rl_batch import (advantages_for, dynamic_filter, make_train_batch, throughput,
+                               verify, zero_variance_fraction)
+from rlreason.run_setup import Run, build, encode_prompts, export_policy, sft_loop
 
 
 @contextlib.contextmanager
@@ -35,35 +37,46 @@ def phase(times: dict[str, float], name: str):
   times[f'time/{name}_s'] = times.get(f'time/{name}_s', 0.0) + time.perf_counter() - start
 
 
-def sample_and_verify(run: Run, params, examples, rng, *, progress: float):
-  """One batch of B prompts x G samples, scored: (rollout, rewards_BxG, verifier metrics)."""
-  rl = run.config.rl
-  rollout = sampler.generate(
-      params, encode_prompts(run, examples), cfg=run.cfg, group_size=rl.group_size,
-      max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_k=rl.top_k,
-      top_p=rl.top_p, stop_tokens=tuple(run.tok.eos_ids), pad_id=run.pad_id, rng=rng,
-      mesh=run.mesh)
-  rewards_BxG, vmetrics = verify(run, rollout, examples, progress=progress, params=params)
+def sample_and_verify(run: Run, params, examples, rng, *, step: int, progress: float,
+                      times: dict[str, float]):
+  """One batch of B prompts x G samples, scored: (rollout, rewards_BxG, verifier metrics).
+
+  With prefix_rollouts, rows start from an older snapshot's prefix; the schedule records
+  the policy's rewards; with hapo, teacher traces then replace some lowest-reward rows.
+  """
+  rl, prompts = run.config.rl, encode_prompts(run, examples)
+  with phase(times, 'generate'):
+    prefixes = None
+    if run.prefix_params is not None:
+      prefixes = mixed_policy.old_policy_prefixes(run, prompts, key=mixed_policy.prefix_key(rng))
+    rollout = jax.block_until_ready(sampler.generate(
+        params, prompts, cfg=run.cfg, group_size=rl.group_size,
+        max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_k=rl.top_k,
+        top_p=rl.top_p, stop_tokens=tuple(run.tok.eos_ids), pad_id=run.pad_id, rng=rng,
+        mesh=run.mesh, prefixes=prefixes))
+  with phase(times, 'verify'):
+    rewards_BxG, vmetrics = verify(run, rollout, examples, progress=progress, params=params)
+  tokens = int(jax.device_get(rollout.lengths_N.sum()))
+  for name in ('generate', 'verify'):
+    times[f'tokens/{name}'] = times.get(f'tokens/{name}', 0) + tokens
+  run.data_iter.record(examples, rewards_BxG)
+  vmetrics['train/zero_variance_frac'] = zero_variance_fraction(rewards_BxG)
+  if run.config.hapo.enabled:
+    rollout, rewards_BxG, hapo_metrics = mixed_policy.hapo_inject(
+        run, rollout, rewards_BxG, examples, step=step, key=mixed_policy.hapo_key(rng),
+        params=params, progress=progress)
+    vmetrics.update(hapo_metrics)
+    vmetrics['hapo/zero_variance_frac'] = zero_variance_fraction(rewards_BxG)
   return rollout, rewards_BxG, vmetrics
 
 
 def evaluate_policy(run: Run, params, rng) -> dict[str, float]:
-  """Greedy (or eval.temperature) pass@1 / mean@k on the held-out prompts."""
+  """Greedy (or eval.temperature) pass@1 / pass@k / mean@k / maj@k on the held-out prompts."""
   from rlreason import evaluate
-  cfg_eval, examples, correct = run.config.eval, run.eval_examples, []
-  chunk = run.eval_chunk
-  for start in range(0, len(examples), chunk):
-    part = examples[start:start + chunk]
-    padded = part + [part[-1]] * (chunk - len(part))  # One shape for every chunk.
-    rollout = sampler.generate(
-        params, encode_prompts(run, padded), cfg=run.cfg, group_size=cfg_eval.k,
-        max_new_tokens=run.config.rl.max_new_tokens, temperature=cfg_eval.temperature,
-        stop_tokens=tuple(run.tok.eos_ids), pad_id=run.pad_id, rng=rng, mesh=run.mesh)
-    _, verdicts = verify(run, rollout, padded, progress=1.0, return_verdicts=True)
-    ok = np.array([v.status == 'correct' for v in verdicts]).reshape(chunk, cfg_eval.k)
-    correct.append(ok[:len(part)])
-  summary = evaluate.summarize(np.concatenate(correct), ks=(1, cfg_eval.k))
-  return {f'eval/{k}': v for k, v in summary.items()}
+  summary = evaluate.evaluate(run, params, k=run.config.eval.k,
+                              temperature=run.config.eval.temperature, rng=rng)
+  tokens = summary.pop('generated_tokens')
+  return {**{f'eval/{k}': v for k, v in summary.items()}, 'tokens/eval': tokens}
 
 
 def rl_step(run: Run, state, step: int, times: dict[str, float]):
@@ -76,7 +89,8 @@ def rl_step(run: Run, state, step: int, times: dict[str, float]):
     with phase(times, 'sample'):
       examples = next(run.data_iter)
       rollout, rewards_BxG, vmetrics = sample_and_verify(
-          run, sample_params, examples, jax.random.fold_in(rng, attempt), progress=progress)
+          run, sample_params, examples, jax.random.fold_in(rng, attempt), step=step,
+          progress=progress, times=times)
     if attempt == 0:
       metrics.update(vmetrics)
     groups.append((rollout, rewards_BxG))
@@ -97,6 +111,9 @@ def rl_step(run: Run, state, step: int, times: dict[str, float]):
       for mb in np.array_split(perm, rl.minibatches):
         rows = (mb[:, None] * rl.group_size + np.arange(rl.group_size)).reshape(-1)
         state, step_metrics = run.train_step(state, jax.tree.map(lambda x: x[rows], batch))
+    state = jax.block_until_ready(state)  # So time/update_s is the update's, not its dispatch.
+  times['tokens/update'] = rl.epochs * batch.mask_NxT.sum()
+  mixed_policy.refresh_prefix_policy(run, state.params, step)
   metrics.update(step_metrics)
   metrics.update(sampler.metrics(rollout))
   metrics['train/reward'] = rewards_BxG.mean()
@@ -131,6 +148,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[st
       with phase(metrics, 'eval'):
         eval_metrics = evaluate_policy(run, state.params, run.eval_rng)
       metrics.update(eval_metrics)
+    metrics.update(throughput(metrics))
     pending = (step, metrics)
     last = step == config.rl.steps or preempt.should_stop(step, run.checkpointer.latest)
     if last or (config.checkpoint.every and step % config.checkpoint.every == 0):
@@ -139,6 +157,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[st
       break
   if pending is not None:
     writer.progress(pending[0], writer.write(*pending), keys=('train/reward', 'eval/pass@1'))
+  if config.export.path:
+    export_policy(run, state.params, config.export.path, dtype=config.export.dtype)
   run.close()
   writer.close()
   preempt.restore_handlers()

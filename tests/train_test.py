@@ -1,4 +1,5 @@
-"""The RL loop end to end on a tiny model: steps run, resume is bit-exact, SIGTERM saves."""
+"""The RL loop end to end on a tiny model: steps run, resume is bit-exact (with the prompt
+pool, HAPO and prefix snapshots), SIGTERM saves."""
 
 import importlib
 import json
@@ -54,8 +55,20 @@ def test_two_rl_steps_end_to_end(tmp_path):
   assert os.listdir(tmp_path / 'warm_start' / 'checkpoints') == ['0']
 
 
+def mixed_config(steps):
+  """tiny_config with HeaPA's pool, HAPO injection and prefixes from a refreshed snapshot:
+  every piece of state that a resume must restore besides params and the data stream."""
+  c = tiny_config(steps=steps)
+  c.data.schedule = 'heapa'
+  c.data.heapa.update(pool_size=6, fresh_per_step=1)  # Step 2 puts back, evicts, samples.
+  c.hapo.update(enabled=True, threshold=1.0)
+  c.prefix_rollouts.update(enabled=True, max_tokens=3, rows_per_group=1, refresh_every=2)
+  c.objective.policy_loss = 'prefix_mixed_ppo'
+  return c
+
+
 def test_resume_after_preemption_is_bit_exact(tmp_path, monkeypatch):
-  straight, _ = train.train(tiny_config(steps=3), str(tmp_path / 'straight'))
+  straight, _ = train.train(mixed_config(steps=3), str(tmp_path / 'straight'))
   # First attempt "receives SIGTERM" during step 2: it saves step 2 and exits.
   flag_init = checkpoint.PreemptionFlag.__init__
 
@@ -64,11 +77,16 @@ def test_resume_after_preemption_is_bit_exact(tmp_path, monkeypatch):
     self.should_stop = lambda step, manager=None: step == 2
 
   monkeypatch.setattr(checkpoint.PreemptionFlag, '__init__', preempted_at_2)
-  first, _ = train.train(tiny_config(steps=3), str(tmp_path / 'resumed'))
+  first, _ = train.train(mixed_config(steps=3), str(tmp_path / 'resumed'))
   monkeypatch.setattr(checkpoint.PreemptionFlag, '__init__', flag_init)
   assert sorted(os.listdir(tmp_path / 'resumed' / 'checkpoints'))[-1] == '2'
-  resumed, _ = train.train(tiny_config(steps=3), str(tmp_path / 'resumed'))
+  assert sorted(os.listdir(tmp_path / 'resumed' / 'prefix_policy' / 'checkpoints')) == ['2']
+  resumed, _ = train.train(mixed_config(steps=3), str(tmp_path / 'resumed'))
   chex.assert_trees_all_equal(jax.device_get(resumed.params), jax.device_get(straight.params))
+  log = {name: [r for r in metrics.read_jsonl(tmp_path / name / 'metrics.jsonl')
+                if r['step'] == 3][-1] for name in ('straight', 'resumed')}
+  for key in ('train/reward', 'hapo/gate_open_frac', 'prefix/token_frac', 'loss'):
+    assert log['resumed'][key] == log['straight'][key], key
   chex.assert_trees_all_equal(jax.device_get(resumed.opt_state),
                               jax.device_get(straight.opt_state))
 

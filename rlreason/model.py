@@ -25,8 +25,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlreason import attention
+
 Params = Any  # nested dict of arrays, as returned by init_params.
-_NEG_INF = -1e30  # finite, so a query whose keys are all masked (a pad) stays finite.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,31 +196,31 @@ class Attention(nnx.Module):
     q_NxTxHxDh = apply_rope(q_NxTxHxDh, positions_NxT, inv_freq)
     k_NxTxKxDh = apply_rope(k_NxTxKxDh, positions_NxT, inv_freq)
 
-    t = x_NxTxD.shape[1]
+    n, t, k = x_NxTxD.shape[0], x_NxTxD.shape[1], cfg.num_kv_heads
+    q_NxTxKxRxDh = q_NxTxHxDh.reshape(n, t, k, cfg.num_heads // k, cfg.head_dim)
     if layer_cache is None:  # Full forward: keys are this call's tokens, causal in order.
-      keys_NxSxKxDh, values_NxSxKxDh = k_NxTxKxDh, v_NxTxKxDh
-      allowed_NxTxS = jnp.tril(jnp.ones((t, t), bool))[None] & mask_NxT[:, None, :]
-    else:  # Write this call's keys at slots [end, end + T), attend to every valid slot <= own.
-      cache_k, cache_v, cache_mask_NxS, end = layer_cache
-      keys_NxSxKxDh = jax.lax.dynamic_update_slice_in_dim(
-          cache_k, k_NxTxKxDh.astype(cache_k.dtype), end, axis=1)
-      values_NxSxKxDh = jax.lax.dynamic_update_slice_in_dim(
-          cache_v, v_NxTxKxDh.astype(cache_v.dtype), end, axis=1)
-      slot_S = jnp.arange(cache_mask_NxS.shape[1])
-      causal_TxS = slot_S[None, :] <= (end + jnp.arange(t))[:, None]
-      allowed_NxTxS = causal_TxS[None] & cache_mask_NxS[:, None, :]
+      out_NxTxKxRxDh = attention.causal_attention(q_NxTxKxRxDh, k_NxTxKxDh, v_NxTxKxDh,
+                                                  mask_NxT)
+      out_NxTxHxDh = out_NxTxKxRxDh.reshape(n, t, cfg.num_heads, cfg.head_dim)
+      return jnp.einsum('nthk,hkd->ntd', out_NxTxHxDh, self.o[...].astype(cdt)), None
 
-    n, s, k, dh = keys_NxSxKxDh.shape
-    q_NxTxKxRxDh = q_NxTxHxDh.reshape(n, t, k, cfg.num_heads // k, dh)
+    # Write this call's keys at slots [end, end + T), attend to every valid slot <= own.
+    cache_k, cache_v, cache_mask_NxS, end = layer_cache
+    keys_NxSxKxDh = jax.lax.dynamic_update_slice_in_dim(
+        cache_k, k_NxTxKxDh.astype(cache_k.dtype), end, axis=1)
+    values_NxSxKxDh = jax.lax.dynamic_update_slice_in_dim(
+        cache_v, v_NxTxKxDh.astype(cache_v.dtype), end, axis=1)
+    slot_S = jnp.arange(cache_mask_NxS.shape[1])
+    causal_TxS = slot_S[None, :] <= (end + jnp.arange(t))[:, None]
+    allowed_NxTxS = causal_TxS[None] & cache_mask_NxS[:, None, :]
     scores = jnp.einsum('ntkrd,nskd->nkrts', q_NxTxKxRxDh, keys_NxSxKxDh.astype(cdt),
-                        preferred_element_type=jnp.float32) * (dh ** -0.5)
-    scores = jnp.where(allowed_NxTxS[:, None, None], scores, _NEG_INF)
+                        preferred_element_type=jnp.float32) * (cfg.head_dim ** -0.5)
+    scores = jnp.where(allowed_NxTxS[:, None, None], scores, attention.NEG_INF)
     probs = jax.nn.softmax(scores, axis=-1).astype(cdt)
     out_NxTxKxRxDh = jnp.einsum('nkrts,nskd->ntkrd', probs, values_NxSxKxDh.astype(cdt))
-    out_NxTxHxDh = out_NxTxKxRxDh.reshape(n, t, cfg.num_heads, dh)
+    out_NxTxHxDh = out_NxTxKxRxDh.reshape(n, t, cfg.num_heads, cfg.head_dim)
     y_NxTxD = jnp.einsum('nthk,hkd->ntd', out_NxTxHxDh, self.o[...].astype(cdt))
-    new_kv = None if layer_cache is None else (keys_NxSxKxDh, values_NxSxKxDh)
-    return y_NxTxD, new_kv
+    return y_NxTxD, (keys_NxSxKxDh, values_NxSxKxDh)
 
 
 class MLP(nnx.Module):
@@ -232,9 +233,12 @@ class MLP(nnx.Module):
     self.cdt = cfg.compute_dtype
 
   def __call__(self, x_NxTxD):
-    gate_NxTxF = x_NxTxD @ self.gate[...].astype(self.cdt)
-    up_NxTxF = x_NxTxD @ self.up[...].astype(self.cdt)
-    return (jax.nn.silu(gate_NxTxF) * up_NxTxF) @ self.down[...].astype(self.cdt)
+    # One matmul for both input projections: stacked on a new axis, each keeps its own
+    # 'mlp' sharding, and the backward sums one product for dx instead of two.
+    w_Dx2xF = jnp.stack([self.gate[...], self.up[...]], axis=1).astype(self.cdt)
+    gate_up_NxTx2xF = jnp.einsum('ntd,dcf->ntcf', x_NxTxD, w_Dx2xF)
+    hidden_NxTxF = jax.nn.silu(gate_up_NxTx2xF[..., 0, :]) * gate_up_NxTx2xF[..., 1, :]
+    return hidden_NxTxF @ self.down[...].astype(self.cdt)
 
 
 class Block(nnx.Module):

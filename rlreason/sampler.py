@@ -31,6 +31,8 @@ from rlreason import sharding
 from rlreason import tokenizer
 from rlreason.structs import Prefixes, Prompts, Rollout
 
+_CDF_BLOCK = 128  # Tokens per block of the inverse-CDF search (see _categorical).
+
 
 def prepare_prompts(token_lists: Sequence[Sequence[int]], *, buckets: Sequence[int],
                     pad_id: int = 0) -> Prompts:
@@ -190,6 +192,69 @@ def _token_logprob(logits_NxV, tok_N):
   return jnp.take_along_axis(jax.nn.log_softmax(logits_NxV, axis=-1), tok_N[:, None], -1)[:, 0]
 
 
+def _first_hit(hit_NxK, ok_NxK):
+  """Per row, the first k with hit & ok, else the last k with ok."""
+  k_K = jnp.arange(hit_NxK.shape[-1])
+  first_N = jnp.min(jnp.where(hit_NxK & ok_NxK, k_K, k_K.size), axis=-1)
+  last_N = jnp.max(jnp.where(ok_NxK, k_K, -1), axis=-1)
+  return jnp.where(first_N < k_K.size, first_N, last_N)
+
+
+def _categorical(key, weights_NxV):
+  """Samples token i of each row with probability weights[i] / sum(weights) (inverse CDF).
+
+  One uniform per row: Gumbel-max (`jax.random.categorical`) draws N*V threefry variates per
+  step, which on CPU cost as much as a mid-sized model's matmuls. The running sums are taken
+  over blocks of tokens, then within the chosen block, so they stay short. The pick is the
+  first positive-weight entry whose running sum exceeds u, so a zero-weight (truncated) token
+  is never chosen, also when rounding puts u at or past the last running sum.
+  """
+  n, v = weights_NxV.shape
+  block = min(_CDF_BLOCK, v)
+  blocks = -(-v // block)
+  w_NxBxK = jnp.pad(weights_NxV, ((0, 0), (0, blocks * block - v))).reshape(n, blocks, block)
+  mass_NxB = w_NxBxK.sum(axis=-1)
+  cum_NxB = jnp.cumsum(mass_NxB, axis=-1)
+  u_N = jax.random.uniform(key, (n,), jnp.float32) * cum_NxB[:, -1]
+  b_N = _first_hit(cum_NxB > u_N[:, None], mass_NxB > 0)
+  before_N = jnp.where(
+      b_N > 0, jnp.take_along_axis(cum_NxB, jnp.maximum(b_N - 1, 0)[:, None], -1)[:, 0], 0.0)
+  w_NxK = jnp.take_along_axis(w_NxBxK, b_N[:, None, None], axis=1)[:, 0]
+  k_N = _first_hit(jnp.cumsum(w_NxK, axis=-1) > (u_N - before_N)[:, None], w_NxK > 0)
+  return (b_N * block + k_N).astype(jnp.int32)
+
+
+def _next_token(logits_NxV, key, temperature, *, greedy, top_k, top_p):
+  """The sampled token per row, its plain tempered log-prob and its behaviour log-prob.
+
+  One pass of exp over the vocabulary serves both log-probs and the sampler: the behaviour
+  distribution is the plain one with truncated tokens' weights zeroed (same max, so the same
+  shift), which is what log_softmax of the truncated logits computes.
+  """
+  plain_NxV = logits_NxV.astype(jnp.float32)
+  if not greedy:
+    plain_NxV = plain_NxV / temperature
+  max_N = jnp.max(plain_NxV, axis=-1)
+  weights_NxV = jnp.exp(plain_NxV - max_N[:, None])
+  log_mass_N = jnp.log(jnp.sum(weights_NxV, axis=-1))
+  if greedy:
+    tok_N = jnp.argmax(plain_NxV, axis=-1).astype(jnp.int32)
+  else:
+    if top_k or top_p < 1.0:
+      keep_NxV = jnp.isfinite(truncate_logits(plain_NxV, top_k=top_k, top_p=top_p))
+      weights_NxV = jnp.where(keep_NxV, weights_NxV, 0.0)
+    tok_N = _categorical(key, weights_NxV)
+  shifted_N = jnp.take_along_axis(plain_NxV, tok_N[:, None], -1)[:, 0] - max_N
+  lp_N = shifted_N - log_mass_N
+  if greedy:
+    blp_N = jnp.zeros_like(lp_N)  # A deterministic choice has probability 1.
+  elif top_k or top_p < 1.0:
+    blp_N = shifted_N - jnp.log(jnp.sum(weights_NxV, axis=-1))
+  else:
+    blp_N = lp_N
+  return tok_N, lp_N, blp_N
+
+
 def _generate(params, prompts, prefixes, temperature, rng, *, cfg, group_size, max_new_tokens,
               greedy, top_k, top_p, stop_tokens, pad_id, cache_dtype, mesh):
   b, p = prompts.tokens_BxP.shape
@@ -197,11 +262,11 @@ def _generate(params, prompts, prefixes, temperature, rng, *, cfg, group_size, m
   q = 0 if prefixes is None else prefixes.tokens_NxQ.shape[1]
   size, length = p + q + max_new_tokens, q + max_new_tokens
 
-  def on_rows(x):  # Rows over the mesh's batch axes; everything else whole.
+  def on_rows(x, axis=0):  # Rows (dimension `axis`) over the mesh's batch axes.
     if mesh is None or x.ndim == 0:
       return x
-    spec = sharding.logical_to_spec(('batch',) + (None,) * (x.ndim - 1), sharding.SAMPLE_RULES,
-                                    mesh, x.shape)
+    axes = tuple('batch' if d == axis else None for d in range(x.ndim))
+    spec = sharding.logical_to_spec(axes, sharding.SAMPLE_RULES, mesh, x.shape)
     return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
 
   # Prefill each prompt once, then repeat its cache G times (prompt-major rows).
@@ -246,41 +311,51 @@ def _generate(params, prompts, prefixes, temperature, rng, *, cfg, group_size, m
     logits_after_NxV = model.logits_from_hidden(params, h_last_NxD[:, None], cfg=cfg)[:, 0]
     logits_NxV = jnp.where((q_N > 0)[:, None], logits_after_NxV, logits_NxV)
 
-  stop_arr = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
-  rows_N = jnp.arange(n)
+  stop_S = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
+  # Sampled columns are written as rows of MxN buffers (one contiguous row per step) and moved
+  # to each row's column q_N + i once, after the loop.
+  outs = (jnp.full((max_new_tokens, n), pad_id, jnp.int32),
+          jnp.zeros((max_new_tokens, n), jnp.float32), jnp.zeros((max_new_tokens, n), jnp.float32))
+  outs = tuple(on_rows(x, axis=1) for x in outs)
+
+  def sample(i, logits_NxV, done_N, sampled_N, outs):
+    tok_N, lp_N, blp_N = _next_token(logits_NxV, jax.random.fold_in(rng, i), temperature,
+                                     greedy=greedy, top_k=top_k, top_p=top_p)
+    active_N = ~done_N
+    tok_N = jnp.where(active_N, tok_N, pad_id)
+    outs = tuple(jax.lax.dynamic_update_index_in_dim(buf_MxN, x_N, i, 0) for buf_MxN, x_N in
+                 zip(outs, (tok_N, jnp.where(active_N, lp_N, 0.0),
+                            jnp.where(active_N, blp_N, 0.0))))
+    done_N = done_N | jnp.any(tok_N[:, None] == stop_S, axis=-1)
+    return tok_N, active_N, done_N, sampled_N + active_N, outs
 
   def cond(state):
     i, _, done_N, *_ = state
-    return (i < max_new_tokens) & ~jnp.all(done_N)
+    return (i < max_new_tokens - 1) & ~jnp.all(done_N)
 
   def body(state):
-    i, cache, done_N, logits_NxV, tokens_NxL, logp_NxL, blogp_NxL, sampled_N = state
-    plain_NxV = tempered(logits_NxV.astype(jnp.float32))
-    if greedy:
-      tok_N = jnp.argmax(plain_NxV, axis=-1).astype(jnp.int32)
-      blp_N = jnp.zeros((n,), jnp.float32)  # A deterministic choice has probability 1.
-    else:
-      sample_NxV = truncate_logits(plain_NxV, top_k=top_k, top_p=top_p)
-      tok_N = jax.random.categorical(jax.random.fold_in(rng, i), sample_NxV).astype(jnp.int32)
-      blp_N = _token_logprob(sample_NxV, tok_N)
-    lp_N = _token_logprob(plain_NxV, tok_N)
-    active_N = ~done_N
-    col_N = q_N + i
-    tokens_NxL = tokens_NxL.at[rows_N, col_N].set(jnp.where(active_N, tok_N, pad_id))
-    logp_NxL = logp_NxL.at[rows_N, col_N].set(jnp.where(active_N, lp_N, 0.0))
-    blogp_NxL = blogp_NxL.at[rows_N, col_N].set(jnp.where(active_N, blp_N, 0.0))
-    sampled_N = sampled_N + active_N
-    done_N = done_N | jnp.isin(tok_N, stop_arr)
+    i, cache, done_N, logits_NxV, sampled_N, outs = state
+    tok_N, active_N, done_N, sampled_N, outs = sample(i, logits_NxV, done_N, sampled_N, outs)
     # Finished rows feed a masked token: their cache slot stays invalid, positions frozen.
-    logits, cache = model.apply(params, jnp.where(active_N, tok_N, pad_id)[:, None], cfg=cfg,
-                                mask_NxT=active_N[:, None], cache=cache)
-    return (i + 1, cache, done_N, on_rows(logits[:, 0]), tokens_NxL, logp_NxL, blogp_NxL,
-            sampled_N)
+    logits, cache = model.apply(params, tok_N[:, None], cfg=cfg, mask_NxT=active_N[:, None],
+                                cache=cache)
+    return i + 1, cache, done_N, on_rows(logits[:, 0]), sampled_N, outs
 
-  state = (jnp.int32(0), cache, jnp.zeros((n,), bool), logits_NxV, on_rows(tokens_NxL),
-           on_rows(logp_NxL), on_rows(blogp_NxL), jnp.zeros((n,), jnp.int32))
-  _, _, done_N, _, tokens_NxL, logp_NxL, blogp_NxL, sampled_N = jax.lax.while_loop(
-      cond, body, state)
+  state = (jnp.int32(0), cache, jnp.zeros((n,), bool), logits_NxV, jnp.zeros((n,), jnp.int32),
+           outs)
+  i, _, done_N, logits_NxV, sampled_N, outs = jax.lax.while_loop(cond, body, state)
+  # The last token needs no forward pass after it (a no-op if every row already stopped).
+  _, _, done_N, sampled_N, outs = sample(i, logits_NxV, done_N, sampled_N, outs)
+
+  if prefixes is None:
+    tokens_NxL, logp_NxL, blogp_NxL = (x.T for x in outs)
+  else:  # Sampled token j of row n goes to column q_N[n] + j, after the row's prefix.
+    j_NxL = jnp.arange(length)[None, :] - q_N[:, None]
+    from_sample_NxL = (j_NxL >= 0) & (j_NxL < max_new_tokens)
+    pick = lambda x_MxN: jnp.take_along_axis(x_MxN.T, jnp.clip(j_NxL, 0, max_new_tokens - 1), 1)
+    tokens_NxL, logp_NxL, blogp_NxL = (
+        jnp.where(from_sample_NxL, pick(x_MxN), base_NxL)
+        for x_MxN, base_NxL in zip(outs, (tokens_NxL, logp_NxL, blogp_NxL)))
 
   # Prefix tokens, then sampled tokens up to and including the stop token.
   mask_NxL = jnp.arange(length) < (q_N + sampled_N)[:, None]

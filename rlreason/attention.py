@@ -1,0 +1,122 @@
+"""Causal self-attention over one call's tokens, in query blocks, with a recomputing VJP.
+
+`causal_attention` computes exactly what the dense form does,
+
+  out[n, t] = sum_{s <= t, mask[n, s]} softmax_s(q[n, t] . k[n, s] / sqrt(Dh)) v[n, s],
+
+but never forms the T x T score matrix. Queries are cut into blocks of `block` rows; query
+block i attends to keys [0, (i + 1) * block) only, so the causal half above the diagonal is
+skipped (T = 512 in blocks of 64 computes 56% of the dense scores). The backward pass keeps
+q, k, v, the output and each row's log-sum-exp, and recomputes the probabilities block by
+block (FlashAttention's backward, arXiv 2205.14135, without its on-chip tiling): nothing of
+size T x T is saved between the passes, which is where autodiff of the dense form spends its
+memory traffic.
+
+Deliberately not here: attention against a KV cache (decode and prefill, see model.py),
+sliding windows, and an online softmax over key blocks (each query block's keys are one
+array; that is what makes the forward a few large matmuls on CPU).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+# Finite, so a query whose keys are all masked (left padding) stays finite; its output is
+# never used.
+NEG_INF = -1e30
+
+
+def block_size(t: int) -> int:
+  """Query rows per block: 64, or T itself when short; at most 16 blocks (T = 1024)."""
+  if t <= 128:
+    return t
+  return max(64, -(-t // 16))
+
+
+def _scores(q_NxBxKxRxDh, k_NxSxKxDh, allowed_NxBxS, scale):
+  s = jnp.einsum('nbkrd,nskd->nkrbs', q_NxBxKxRxDh, k_NxSxKxDh,
+                 preferred_element_type=jnp.float32) * scale
+  return jnp.where(allowed_NxBxS[:, None, None], s, NEG_INF)
+
+
+def _allowed(mask_NxT, start: int, stop: int):
+  """Which keys [0, stop) the queries [start, stop) may attend to: causal and valid."""
+  causal_BxS = jnp.arange(stop)[None, :] <= jnp.arange(start, stop)[:, None]
+  return causal_BxS[None] & mask_NxT[:, None, :stop]
+
+
+def _blocks(t: int, block: int):
+  return [(start, min(start + block, t)) for start in range(0, t, block)]
+
+
+def _forward(q, k, v, mask_NxT, block):
+  n, t, kh, r, dh = q.shape
+  scale = dh ** -0.5
+  outs, lses = [], []
+  for start, stop in _blocks(t, block):
+    s = _scores(q[:, start:stop], k[:, :stop], _allowed(mask_NxT, start, stop), scale)
+    m = jnp.max(s, axis=-1, keepdims=True)
+    p = jnp.exp(s - m)
+    denom_NxKxRxB = jnp.sum(p, axis=-1)
+    o = jnp.einsum('nkrbs,nskd->nbkrd', p.astype(v.dtype), v[:, :stop],
+                   preferred_element_type=jnp.float32)
+    outs.append((o / jnp.moveaxis(denom_NxKxRxB, -1, 1)[..., None]).astype(q.dtype))
+    lses.append(m[..., 0] + jnp.log(denom_NxKxRxB))
+  return jnp.concatenate(outs, axis=1), jnp.concatenate(lses, axis=-1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _attention(q, k, v, mask_NxT, block):
+  return _forward(q, k, v, mask_NxT, block)[0]
+
+
+def _attention_fwd(q, k, v, mask_NxT, block):
+  out, lse = _forward(q, k, v, mask_NxT, block)
+  return out, (q, k, v, mask_NxT, out, lse)
+
+
+def _attention_bwd(block, res, d_out):
+  q, k, v, mask_NxT, out, lse = res
+  n, t, kh, r, dh = q.shape
+  scale = dh ** -0.5
+  # delta[n, t] = sum_d dO * O: the softmax Jacobian's row term, one pass over the output.
+  delta_NxKxRxT = jnp.einsum('ntkrd,ntkrd->nkrt', d_out.astype(jnp.float32),
+                             out.astype(jnp.float32))
+  dq_blocks = []
+  dk = jnp.zeros(k.shape, jnp.float32)
+  dv = jnp.zeros(v.shape, jnp.float32)
+  for start, stop in _blocks(t, block):
+    allowed = _allowed(mask_NxT, start, stop)
+    s = _scores(q[:, start:stop], k[:, :stop], allowed, scale)
+    # Masked entries get probability exactly 0 (not exp(NEG_INF - lse), which is 1 on a
+    # fully masked pad row).
+    p = jnp.where(allowed[:, None, None], jnp.exp(s - lse[..., start:stop, None]), 0.0)
+    do = d_out[:, start:stop]
+    dp = jnp.einsum('nbkrd,nskd->nkrbs', do, v[:, :stop], preferred_element_type=jnp.float32)
+    ds = (p * (dp - delta_NxKxRxT[..., start:stop, None]) * scale).astype(q.dtype)
+    dq_blocks.append(jnp.einsum('nkrbs,nskd->nbkrd', ds, k[:, :stop],
+                                preferred_element_type=jnp.float32))
+    dk = dk.at[:, :stop].add(jnp.einsum('nkrbs,nbkrd->nskd', ds, q[:, start:stop],
+                                        preferred_element_type=jnp.float32))
+    dv = dv.at[:, :stop].add(jnp.einsum('nkrbs,nbkrd->nskd', p.astype(do.dtype), do,
+                                        preferred_element_type=jnp.float32))
+  dq = jnp.concatenate(dq_blocks, axis=1)
+  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def causal_attention(q_NxTxKxRxDh, k_NxTxKxDh, v_NxTxKxDh, mask_NxT, *, block: int | None = None):
+  """Grouped-query causal attention of T tokens over themselves: NxTxKxRxDh.
+
+  Args:
+    q_NxTxKxRxDh: queries, the H = K * R heads grouped by the kv head they share.
+    k_NxTxKxDh, v_NxTxKxDh: keys and values of the same T tokens.
+    mask_NxT: True for real tokens; keys of padding are never attended to.
+    block: query rows per block (default `block_size(T)`).
+  """
+  t = q_NxTxKxRxDh.shape[1]
+  return _attention(q_NxTxKxRxDh, k_NxTxKxDh, v_NxTxKxDh, mask_NxT.astype(bool),
+                    block or block_size(t))

@@ -20,7 +20,7 @@ own disjoint slice.
 Synthetic problem i of a host is drawn from (seed, i): the stream is random by construction,
 so it needs no shuffle buffer, and it skips the problems `tasks.split_of` holds out.
 
-Not here: tokenization, prompt templates, prompt scheduling (HeaPA's pool lives in train.py),
+Not here: tokenization, prompt templates, prompt scheduling (HeaPA's pool: prompt_schedule.py),
 multiprocess reading (prompts are small; threads would only fight over the GIL).
 """
 

@@ -109,6 +109,13 @@ def split_steps(text: str, *, split: str, max_steps: int = 0) -> list[str]:
   return steps
 
 
+def renormalised(logprobs_Mx3: np.ndarray) -> np.ndarray:
+  """p(label | prompt, label is one of the three), from log p(label | prompt)."""
+  lp_Mx3 = np.asarray(logprobs_Mx3, np.float64).reshape(-1, 3)
+  p_Mx3 = np.exp(lp_Mx3 - lp_Mx3.max(axis=-1, keepdims=True, initial=-np.inf))
+  return p_Mx3 / p_Mx3.sum(axis=-1, keepdims=True)
+
+
 def step_scores(logprobs_Mx3: np.ndarray, *, mode: str) -> np.ndarray:
   """Ternary scores from log p(label) of the (-1, 0, +1) labels, renormalised over the three.
 
@@ -116,13 +123,11 @@ def step_scores(logprobs_Mx3: np.ndarray, *, mode: str) -> np.ndarray:
   """
   if mode not in SCORE_MODES:
     raise ValueError(f'score={mode!r}; known: {SCORE_MODES}.')
-  lp_Mx3 = np.asarray(logprobs_Mx3, np.float64)
   scores_3 = np.asarray(LABEL_SCORES)
   if mode == 'greedy':
-    return scores_3[np.argmax(lp_Mx3, axis=-1)].astype(np.float32)
-  p_Mx3 = np.exp(lp_Mx3 - lp_Mx3.max(axis=-1, keepdims=True))
-  p_Mx3 /= p_Mx3.sum(axis=-1, keepdims=True)
-  return (p_Mx3 @ scores_3).astype(np.float32)
+    return scores_3[np.argmax(np.asarray(logprobs_Mx3).reshape(-1, 3), axis=-1)].astype(
+        np.float32)
+  return (renormalised(logprobs_Mx3) @ scores_3).astype(np.float32)
 
 
 def label_token_ids(tok: tokenizer_lib.Tokenizer, labels: Sequence[str], *,
@@ -315,10 +320,9 @@ class Judge:
     aggregate = AGGREGATES[self.aggregate]
     rewards_N = np.array([aggregate(s) if s.size else self.empty_reward for s in per_completion],
                          np.float32)
-    probs_Mx3 = np.exp(lp_Mx3 - lp_Mx3.max(axis=-1, keepdims=True)) if len(lp_Mx3) else lp_Mx3
-    probs_Mx3 = probs_Mx3 / probs_Mx3.sum(axis=-1, keepdims=True) if len(lp_Mx3) else probs_Mx3
     return JudgeResult(rewards_N=rewards_N, step_scores=per_completion,
-                       label_probs_Mx3=probs_Mx3.astype(np.float32), truncated_prompts=truncated)
+                       label_probs_Mx3=renormalised(lp_Mx3).astype(np.float32),
+                       truncated_prompts=truncated)
 
 
 def combine(mix: composition.RewardComposition, *, verifier_rewards: Sequence[float],

@@ -162,7 +162,9 @@ def _check_mixed_policy(c, check) -> None:
   check(d.schedule in ('uniform', 'heapa'),
         f"data.schedule={d.schedule!r}; known: 'uniform', 'heapa'.")
   if d.schedule == 'heapa':
-    check(d.heapa.pool_size >= 1, f'data.heapa.pool_size={d.heapa.pool_size} must be >= 1.')
+    check(d.heapa.pool_size >= c.rl.prompts_per_step,
+          f'data.heapa.pool_size={d.heapa.pool_size} must be >= rl.prompts_per_step='
+          f'{c.rl.prompts_per_step} (a batch is drawn from the pool).')
     check(0 < d.heapa.low_fraction < 1,
           f'data.heapa.low_fraction={d.heapa.low_fraction} must be in (0, 1).')
     check(d.heapa.mode in prompt_schedule.MODES,

@@ -207,6 +207,9 @@ class FrontierSchedule:
                fresh_per_step: int = 0):
     if fresh_per_step < 0:
       raise ValueError(f'heapa fresh_per_step={fresh_per_step} must be >= 0.')
+    if pool.capacity < batch_size:
+      raise ValueError(f'heapa pool capacity={pool.capacity} is below the batch size '
+                       f'{batch_size}: a batch is drawn from the pool.')
     self._examples, self.pool = examples, pool
     self.batch_size, self.fresh_per_step = batch_size, fresh_per_step
     self._started = False

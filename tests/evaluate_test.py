@@ -22,6 +22,7 @@ from train_test import tiny_config
 def finished_run(tmp_path_factory):
   workdir = tmp_path_factory.mktemp('run')
   c = tiny_config(steps=1)
+  c.sft.steps = 0  # The warm start is not under test here.
   c.data.schedule, c.data.heapa.pool_size = 'heapa', 6
   c.hapo.enabled, c.hapo.threshold = True, 1.0
   c.export.path = str(workdir / 'hf')
@@ -45,6 +46,7 @@ def test_eval_of_the_checkpoint_matches_the_run_and_writes_json(finished_run, tm
   result = evaluate.evaluate_checkpoint(c, workdir, output=str(tmp_path / 'greedy.json'))
   assert result['step'] == 1
   assert result['metrics']['pass@1'] == eval_metrics['eval/pass@1']
+  assert result['metrics']['generated_tokens'] == eval_metrics['tokens/eval']  # Same samples.
   sampled = evaluate.evaluate_checkpoint(c, workdir, step=1, k=3, temperature=1.0,
                                          export=str(tmp_path / 'hf_from_eval'))
   written = json.loads((workdir / 'eval' / 'step_1.json').read_text())

@@ -109,6 +109,8 @@ def test_bad_knobs_name_the_field():
     ps.FrontierPool(capacity=4, mode='hard')
   with pytest.raises(ValueError, match='capacity'):
     ps.FrontierPool(capacity=0)
+  with pytest.raises(ValueError, match='below the batch size 4'):
+    ps.FrontierSchedule(iter([]), batch_size=4, pool=ps.FrontierPool(capacity=3))
 
 
 def _schedule(seed=0):

@@ -16,6 +16,7 @@ from rlreason import model
 from rlreason import sampler
 from rlreason import tokenizer
 from rlreason import train
+from rlreason import weights
 from rlreason.verifiers import composition
 
 TOK = tokenizer.from_characters(string.printable)
@@ -215,6 +216,18 @@ def test_from_config_builds_a_random_tiny_judge_and_its_mix():
   c.model = ''
   with pytest.raises(ValueError, match='judge.model is empty'):
     judge.from_config(c, policy_cfg=CFG, policy_tok=TOK)
+
+
+def test_from_config_loads_a_judge_from_an_hf_directory(params, tmp_path):
+  weights.save(tmp_path, CFG, params)
+  TOK.backend.save(str(tmp_path / 'tokenizer.json'))
+  c = config_lib.default().judge
+  c.model, c.template, c.prompt_buckets, c.batch_size = str(tmp_path), TEMPLATE, BUCKETS, 4
+  j, _ = judge.from_config(c, policy_cfg=None, policy_tok=None)
+  assert j.cfg.num_layers == CFG.num_layers and j.tok.vocab_size == TOK.vocab_size
+  # The loaded judge scores as the in-memory one does.
+  want = make_judge(params).score(['1+2'], ['1+2=3\nso 3']).rewards_N
+  np.testing.assert_allclose(j.score(['1+2'], ['1+2=3\nso 3']).rewards_N, want, atol=1e-6)
 
 
 def test_one_rl_step_with_the_policy_as_judge(tmp_path):

@@ -7,7 +7,8 @@ ratios, the cheapest sequence-like structure. `correct_BxLxV` marks the correct 
 position; a sample's reward is the fraction of its positions that are correct (0/1 for L = 1).
 
 `make_train` builds the whole loop in the purejaxrl style, `train(key) -> (state, metrics)`, one
-`lax.scan` over iterations, and `run_seeds` jits it vmapped over seeds. Each iteration samples G
+`lax.scan` over iterations; `run_seeds` jits it vmapped over seeds, and `run_grid` also over
+configurations that differ only in numbers (learning rate, ε, γ), in one compilation. Each iteration samples G
 answers per prompt from the behaviour policy (the current one, or the one `staleness` iterations
 old), scores them, turns rewards into advantages with `advantage_fn(rewards_BxG)` (e.g.
 `advantages.grpo`, composed with `advantage_transforms.focal_scale` or `a_grae`), and takes
@@ -26,6 +27,7 @@ train.py), and matplotlib itself (`plot_band` only calls methods of the axes it 
 
 from collections.abc import Callable
 import functools
+from typing import Any
 
 import flax
 import jax
@@ -42,9 +44,9 @@ Array = jax.Array
 @flax.struct.dataclass
 class BanditState:
   """Policy parameters, optimiser state, and the last `staleness` parameters (oldest first)."""
-  params: Array
+  params: Any  # a pytree; the logits table itself for a tabular policy.
   opt_state: optax.OptState
-  past_params: Array  # each leaf stacked [staleness, ...], oldest first; empty when on-policy.
+  past_params: Any  # each leaf stacked [staleness, ...], oldest first; empty when on-policy.
 
 
 def bandit_logits(*, probs_BxLxV: Array) -> Array:
@@ -100,6 +102,17 @@ def pass_at_k_exact(success_B: Array, *, ks: Array) -> Array:
   return 1.0 - (1.0 - success_B[..., None]) ** jnp.asarray(ks, jnp.float32)
 
 
+@functools.partial(jax.jit, static_argnames=('group_sizes', 'num_groups'))
+def _tail_miss_frequency(key, *, group_sizes, mu, tau, num_groups):
+  n_max = max(group_sizes)
+  kind_MxN = jax.random.choice(key, 3, shape=(num_groups, n_max),
+                               p=jnp.stack([tau, mu - tau, 1.0 - mu]))
+  seen_MxNx3 = jnp.cumsum(jax.nn.one_hot(kind_MxN, 3), axis=1) > 0
+  seen_MxJx3 = seen_MxNx3[:, jnp.array(group_sizes) - 1]
+  event_MxJ = ~seen_MxJx3[..., 0] & seen_MxJx3[..., 1] & seen_MxJx3[..., 2]
+  return jnp.mean(event_MxJ, 0)
+
+
 def tail_miss_monte_carlo(key: Array, *, group_sizes: tuple[int, ...], mu: float, tau: float,
                           num_groups: int) -> Array:
   """Monte-Carlo frequency of F-GRPO's tail-miss event for each group size.
@@ -108,16 +121,13 @@ def tail_miss_monte_carlo(key: Array, *, group_sizes: tuple[int, ...], mu: float
   "≥ 1 correct and ≥ 1 wrong, no rare-correct". The groups of size N are the first N draws of
   `num_groups` iid sequences, so one draw serves every N (estimates across N are correlated;
   each one alone is an unbiased frequency). Compare with
-  `advantage_transforms.tail_miss_probability`.
+  `advantage_transforms.tail_miss_probability`. M below is the number of groups.
   """
-  n_max = max(group_sizes)
-  kind_MxN = jax.random.choice(key, 3, shape=(num_groups, n_max),
-                               p=jnp.array([tau, mu - tau, 1.0 - mu]))
-  seen_MxNx3 = jnp.cumsum(jax.nn.one_hot(kind_MxN, 3), axis=1) > 0
-  idx = jnp.array(group_sizes) - 1
-  seen_MxJx3 = seen_MxNx3[:, idx]
-  event_MxJ = ~seen_MxJx3[..., 0] & seen_MxJx3[..., 1] & seen_MxJx3[..., 2]
-  return jnp.mean(event_MxJ, 0)
+  if not 0 <= tau <= mu <= 1 or min(group_sizes) < 1:
+    raise ValueError(f'tail_miss_monte_carlo: need 0 <= tau <= mu <= 1 and group sizes >= 1, '
+                     f'got mu={mu}, tau={tau}, group_sizes={group_sizes}.')
+  return _tail_miss_frequency(key, group_sizes=tuple(int(n) for n in group_sizes),
+                              mu=jnp.float32(mu), tau=jnp.float32(tau), num_groups=num_groups)
 
 
 def _tabular(params):

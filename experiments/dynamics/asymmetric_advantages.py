@@ -65,14 +65,14 @@ def simulate(smoke: bool) -> dict:
         correct_BxLxV=correct, init_params=logits, advantage_fn=advantage_fn,
         loss_fn=losses.ppo_clip, optimizer=optax.sgd(2.0), group_size=8,
         num_iterations=iterations)
-    state, m = dynamics.run_seeds(train, seed=0, num_seeds=seeds)
+    state, metrics = dynamics.run_seeds(train, seed=0, num_seeds=seeds)
     probs_RxBxV = np.asarray(jax.nn.softmax(state.params, -1))[:, :, 0]
     correct_probs_RxBx4 = probs_RxBxV[..., :4] / probs_RxBxV[..., :4].sum(-1, keepdims=True)
     out['methods'][name] = {
-        'success_RxIxB': np.asarray(m['success_B']),
-        'update_norm_RxIxB': np.asarray(m['update_norm_B']),
-        'unsampled_logit_delta_RxI': np.asarray(m['unsampled_correct_logit_delta']),
-        'entropy_RxI': np.asarray(m['entropy']),
+        'success_RxIxB': np.asarray(metrics['success_B']),
+        'update_norm_RxIxB': np.asarray(metrics['update_norm_B']),
+        'unsampled_logit_delta_RxI': np.asarray(metrics['unsampled_correct_logit_delta']),
+        'entropy_RxI': np.asarray(metrics['entropy']),
         # exp(entropy) of the mass among the 4 correct answers: 4 = all kept, 1 = one survives.
         'correct_modes_RxB': np.exp(-np.sum(correct_probs_RxBx4 * np.log(
             np.maximum(correct_probs_RxBx4, 1e-30)), -1)),

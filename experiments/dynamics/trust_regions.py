@@ -90,18 +90,18 @@ def simulate(smoke: bool) -> dict:
     grid = {'lr': jnp.tile(jnp.asarray(lrs), len(names)),
             'loss': {k: jnp.repeat(jnp.asarray([o[k] for o in options], jnp.float32), len(lrs))
                      for k in options[0]}}
-    state, m = dynamics.run_grid(functools.partial(train_for, loss_fn=loss_fn), grid, seed=0,
-                                 num_seeds=seeds)
-    probs = jax.nn.softmax(state.params, -1)
+    state, metrics = dynamics.run_grid(functools.partial(train_for, loss_fn=loss_fn), grid,
+                                       seed=0, num_seeds=seeds)
+    probs_CxRxBxLxV = jax.nn.softmax(state.params, -1)
     # A position has collapsed onto a wrong answer when one wrong choice holds > 0.99.
-    wrong_lock = jnp.max(jnp.where(correct > 0, 0.0, probs), -1) > 0.99
+    locked_CxRxBxL = jnp.max(jnp.where(correct > 0, 0.0, probs_CxRxBxLxV), -1) > 0.99
     for i, name in enumerate(names):
-      sl = slice(i * len(lrs), (i + 1) * len(lrs))
+      rows = slice(i * len(lrs), (i + 1) * len(lrs))  # this method's learning rates
       out['methods'][name] = {
-          'success_CxRxI': np.asarray(m['success_B'][sl].mean(-1)),
-          'entropy_CxRxI': np.asarray(m['entropy'][sl]),
-          'kl_CxRxI': np.asarray(m['kl_behaviour'][sl]),
-          'wrong_lock_CxR': np.asarray(wrong_lock[sl].mean((-1, -2))),
+          'success_CxRxI': np.asarray(metrics['success_B'][rows].mean(-1)),
+          'entropy_CxRxI': np.asarray(metrics['entropy'][rows]),
+          'kl_CxRxI': np.asarray(metrics['kl_behaviour'][rows]),
+          'wrong_lock_CxR': np.asarray(locked_CxRxBxL[rows].mean((-1, -2))),
       }
   return out
 

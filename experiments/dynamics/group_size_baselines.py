@@ -1,0 +1,130 @@
+"""Study 3: group size and baselines, GRPO at N = 4, 8, 32 against OTB at N = 4 (arXiv 2602.07078)
+
+Question: on a synthetic task, how does accuracy grow with the tokens consumed for GRPO at
+group sizes N = 4, 8, 32 and for the Optimal Token Baseline at N = 4, and how do the
+gradient-variance proxies (OTB's forward-only noise proxy, the gradient norm) evolve? OTB's
+claim: N = 4 matches N = 32 with far fewer tokens and avoids gradient-norm blow-ups.
+
+  python -m experiments.dynamics.group_size_baselines           # full run, colab/figures/03_*.png
+  python -m experiments.dynamics.group_size_baselines --smoke    # seconds
+  python -m experiments.dynamics.group_size_baselines --write_notebook  # colab/03_*.ipynb
+
+Runtime: full run about 5 min on 2 CPU cores (more when the machine is shared), smoke ~15 s.
+
+Setup (rlreason.dynamics_lm, the task of study 1): S_3 composition with k uniform in 1..4,
+a 2-layer d = 32 decoder warm-started on the one-step product (300 SFT steps), then 300 RL
+steps of 16 prompts each for every method, the same seeds and warm start; Adam 1e-3, one
+on-policy update per batch. GRPO uses per-prompt std normalisation (advantages.grpo); OTB
+uses advantages.otb on the old policy's log-probs and Σπ² from update.logprobs_step (no std
+normalisation, per-token baseline). Accuracy = greedy accuracy averaged over k on 128 fixed
+problems per k; tokens = completion tokens in the loss (k per sample). Proxies per step from
+loss_diagnostics.otb_variance_proxies: total power mean(Ā² W), signal = ‖g‖², noise =
+(P − S)/(N − 1). 2 seeds.
+
+Result: see the last section of colab/03_group_size_baselines.ipynb (filled in from the full run).
+"""
+
+import argparse
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from experiments import dynamics as studies
+from rlreason import dynamics
+from rlreason import dynamics_lm
+
+
+def simulate(smoke: bool) -> dict:
+  """Runs GRPO at each group size and OTB at the smallest, from the same warm start."""
+  max_k = 3 if smoke else 4
+  task = dynamics_lm.GroupTask.make('S3', max_k=max_k)
+  cfg = dynamics_lm.tiny_model(task, hidden=16 if smoke else 32, layers=1 if smoke else 2,
+                               heads=2)
+  steps, every, seeds = (4, 2, (0,)) if smoke else (300, 25, (0, 1))
+  params_S = dynamics_lm.initial_params(task=task, model_cfg=cfg, seeds=seeds,
+                                        sft_steps=10 if smoke else 300)
+  methods = [('grpo', 4), ('grpo', 8), ('grpo', 32), ('otb', 4)]
+  runs = {}
+  for estimator, group_size in methods:
+    runs[f'{estimator.upper()} N={group_size}'] = dynamics_lm.train(
+        task=task, difficulties=tuple(range(1, max_k + 1)), estimator=estimator,
+        group_size=group_size, prompts_per_step=4 if smoke else 16, steps=steps,
+        eval_every=every, model_cfg=cfg, seeds=seeds, lr=1e-3,
+        eval_per_k=16 if smoke else 128, params_S=params_S)
+  return {'runs': runs, 'chance': 1 / task.order}
+
+
+def smooth(x_SxT, window: int):
+  """Running mean over the last `window` steps along the last axis (shorter at the start)."""
+  c = np.cumsum(np.asarray(x_SxT, np.float64), -1)
+  c[..., window:] = c[..., window:] - c[..., :-window]
+  return c / np.minimum(np.arange(1, c.shape[-1] + 1), window)
+
+
+def figure(results: dict):
+  """Accuracy against tokens and steps; gradient norm and OTB's noise proxy over steps."""
+  fig, axes = plt.subplots(1, 4, figsize=(19, 4))
+  for name, h in results['runs'].items():
+    acc_SxE = h.eval_acc_SxExK.mean(-1)
+    tokens_E = np.concatenate([[0], h.tokens_T()[h.eval_steps_E[1:] - 1]])
+    line = dynamics.plot_band(axes[0], tokens_E, acc_SxE, label=name)
+    color = line.get_color()
+    dynamics.plot_band(axes[1], h.eval_steps_E, acc_SxE, label=name, color=color)
+    steps_T = np.arange(1, h.train['grad_norm'].shape[1] + 1)
+    dynamics.plot_band(axes[2], steps_T, smooth(h.train['grad_norm'], 10), label=name,
+                       color=color)
+    dynamics.plot_band(axes[3], steps_T, smooth(h.train['noise'], 10), label=name, color=color)
+  for ax in axes[:2]:
+    ax.axhline(results['chance'], color='grey', lw=0.8, ls='--')
+  axes[0].set(xscale='log', xlabel='completion tokens consumed',
+              ylabel='greedy accuracy (mean over k)', title='accuracy vs tokens')
+  axes[1].set(xlabel='RL step', ylabel='greedy accuracy (mean over k)', title='accuracy vs steps')
+  axes[2].set(xlabel='RL step', ylabel='‖∇loss‖ (10-step mean)', yscale='log',
+              title='gradient norm')
+  axes[3].set(xlabel='RL step', ylabel='(P − ‖g‖²)/(N − 1) (10-step mean)', yscale='log',
+              title="OTB's noise proxy")
+  axes[0].legend(fontsize=8)
+  fig.tight_layout()
+  return fig
+
+
+def _rounded(x, digits: int = 2) -> list:
+  return np.round(np.asarray(x, float), digits).tolist()
+
+
+def summary(results: dict) -> str:
+  """Final accuracy, tokens used, and mean gradient norm / noise proxy per method."""
+  lines = []
+  for name, h in results['runs'].items():
+    acc_SxE = h.eval_acc_SxExK.mean(-1)
+    lines.append(
+        f'{name}: accuracy {np.median(acc_SxE[:, 0]):.3f} -> {np.median(acc_SxE[:, -1]):.3f} '
+        f'(seeds {_rounded(acc_SxE[:, -1], 3)}), tokens {h.tokens_T()[-1]:.3g}, '
+        f'mean grad norm {h.train["grad_norm"].mean():.3g} (max {h.train["grad_norm"].max():.3g}), '
+        f'mean noise proxy {h.train["noise"].mean():.3g}, '
+        f'zero-std groups {h.train["zero_std_frac"].mean():.2f}')
+  return '\n'.join(lines)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--smoke', action='store_true', help='reduced settings (seconds)')
+  parser.add_argument('--write_notebook', action='store_true', help='regenerate the notebook')
+  args = parser.parse_args()
+  if args.write_notebook:
+    import sys
+    studies.write_notebook(sys.modules[__name__], path=studies.REPO / 'colab' /
+                           '03_group_size_baselines.ipynb', steps=[
+                               'simulate', 'results = simulate(SMOKE)', 'smooth', 'figure',
+                               '_rounded', 'summary',
+                               'fig = figure(results)\nprint(summary(results))'])
+    return
+  results = simulate(args.smoke)
+  print(summary(results))
+  fig = figure(results)
+  if not args.smoke:
+    fig.savefig(studies.FIGURES / '03_group_size_baselines.png', dpi=70)
+
+
+if __name__ == '__main__':
+  main()

@@ -45,6 +45,8 @@ EXTRAS_REQUIRE = {
     ],
     'demo': ['matplotlib==3.11.2'],
     'launch': ['xmanager==0.8.5.post1'],
+    # TPU runtime; on a CPU host libtpu also lets launch/aot_check.py compile for TPU topologies.
+    'tpu': ['jax[tpu]==0.10.2', 'libtpu==0.0.42.1'],
     'colab': ['matplotlib==3.11.2', 'nbclient==0.11.0', 'nbformat==5.11.1', 'ipykernel==7.4.0'],
 }
 

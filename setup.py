@@ -42,6 +42,8 @@ EXTRAS_REQUIRE = {
         'matplotlib==3.11.2',
         'nbclient==0.11.0',
         'nbformat==5.11.1',
+        # The TPU compiler, for the AOT memory check on abstract TPU devices (launch_test).
+        'libtpu==0.0.42.1',
     ],
     'demo': ['matplotlib==3.11.2'],
     'launch': ['xmanager==0.8.5.post1'],

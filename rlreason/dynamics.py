@@ -8,14 +8,16 @@ position; a sample's reward is the fraction of its positions that are correct (0
 
 `make_train` builds the whole loop in the purejaxrl style, `train(key) -> (state, metrics)`, one
 `lax.scan` over iterations; `run_seeds` jits it vmapped over seeds, and `run_grid` also over
-configurations that differ only in numbers (learning rate, ε, γ), in one compilation. Each iteration samples G
-answers per prompt from the behaviour policy (the current one, or the one `staleness` iterations
-old), scores them, turns rewards into advantages with `advantage_fn(rewards_BxG)` (e.g.
+configurations that differ only in numbers (learning rate, ε, γ), in one compilation. Each
+iteration samples G answers per prompt from the behaviour policy (the current one, or the one
+`staleness` iterations old), scores them, turns rewards into advantages with `advantage_fn(rewards_BxG)` (e.g.
 `advantages.grpo`, composed with `advantage_transforms.focal_scale` or `a_grae`), and takes
 `num_updates` optimiser steps on the same batch with `loss_fn`, any policy loss with the
 signature of `losses.py` (`ppo_clip`, `cispo`, `trust_region.quatro`, ...), aggregated by
 `aggregation.aggregate`. Metrics are exact functions of the policy tables (success
-probability, entropy, KL to the behaviour policy) plus the loss's own diagnostics.
+probability, entropy, KL to the behaviour policy) plus the loss's own diagnostics. A
+`logits_fn` maps other parameter pytrees to the table (e.g. shared + per-prompt logits, so that
+prompts interact as they do through a network's weights).
 
 Extra axis letters used here: C configurations, R runs (seeds), I iterations, J values of k
 for pass@k.
@@ -104,6 +106,7 @@ def pass_at_k_exact(success_B: Array, *, ks: Array) -> Array:
 
 @functools.partial(jax.jit, static_argnames=('group_sizes', 'num_groups'))
 def _tail_miss_frequency(key, *, group_sizes, mu, tau, num_groups):
+  # M groups of the largest size N; kind 0 = rare-correct, 1 = common-correct, 2 = wrong.
   n_max = max(group_sizes)
   kind_MxN = jax.random.choice(key, 3, shape=(num_groups, n_max),
                                p=jnp.stack([tau, mu - tau, 1.0 - mu]))
@@ -121,7 +124,7 @@ def tail_miss_monte_carlo(key: Array, *, group_sizes: tuple[int, ...], mu: float
   "≥ 1 correct and ≥ 1 wrong, no rare-correct". The groups of size N are the first N draws of
   `num_groups` iid sequences, so one draw serves every N (estimates across N are correlated;
   each one alone is an unbiased frequency). Compare with
-  `advantage_transforms.tail_miss_probability`. M below is the number of groups.
+  `advantage_transforms.tail_miss_probability`.
   """
   if not 0 <= tau <= mu <= 1 or min(group_sizes) < 1:
     raise ValueError(f'tail_miss_monte_carlo: need 0 <= tau <= mu <= 1 and group sizes >= 1, '

@@ -12,6 +12,7 @@ Deliberately not here: shared toy-loop code (rlreason/dynamics.py), the test tha
 the notebooks (tests/colab_test.py).
 """
 
+import ast
 import inspect
 import pathlib
 import types
@@ -46,10 +47,12 @@ def _docstring_parts(module: types.ModuleType) -> tuple[str, str, str]:
 
 
 def _import_lines(module: types.ModuleType) -> str:
-  lines = inspect.getsource(module).splitlines()
-  keep = [l for l in lines if l.startswith(('import ', 'from '))
-          and not any(x in l for x in ('experiments', 'argparse', 'pathlib'))]
-  return '\n'.join(keep)
+  """The module's top-level import statements, minus the ones only its script side needs."""
+  source = inspect.getsource(module)
+  statements = [ast.get_source_segment(source, node) for node in ast.parse(source).body
+                if isinstance(node, (ast.Import, ast.ImportFrom))]
+  return '\n'.join(s for s in statements
+                   if not any(x in s for x in ('experiments', 'argparse', 'pathlib')))
 
 
 def write_notebook(module: types.ModuleType, *, path: pathlib.Path, steps: list[str]) -> None:
@@ -70,6 +73,8 @@ def write_notebook(module: types.ModuleType, *, path: pathlib.Path, steps: list[
                          else step) for step in steps),
       v4.new_markdown_cell(f"## What the plot shows vs the paper's claim\n\n{result}"),
   ]
+  for i, cell in enumerate(cells):  # Stable ids, so regenerating an unchanged study is a no-op.
+    cell.id = f'{path.stem[:2]}-{i:02d}'
   nb = v4.new_notebook(cells=cells, metadata={
       'kernelspec': {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'},
       'language_info': {'name': 'python'}})

@@ -15,8 +15,8 @@ Runtime: full run about 5 min on 2 CPU cores (more when the machine is shared), 
 
 Setup (rlreason.dynamics_lm, the task of study 1): S_3 composition with k uniform in 1..4 (so
 per-prompt success rates, hence σ_x, differ), a 2-layer d = 32 decoder warm-started on the
-one-step product (300 SFT steps), then 400 RL steps of 16 prompts x G = 8 for each scheme
-from the same seeds and warm start: advantages.grpo (per-prompt std), advantages.dr_grpo
+one-step product (300 SFT steps), then 600 RL steps of 16 prompts x G = 8 for each scheme,
+every scheme from the same seeds and warm start: advantages.grpo (per-prompt std), advantages.dr_grpo
 (mean-centred only), advantages.reinforce_pp_baseline (group mean, then the batch std: the
 global normalisation; it was already in the library). Adam 1e-3 with global-norm clipping at 1
 for all three; the aggregation (seq-mean-token-mean) is the same, so only the advantage scale
@@ -43,7 +43,7 @@ def simulate(smoke: bool) -> dict:
   task = dynamics_lm.GroupTask.make('S3', max_k=max_k)
   cfg = dynamics_lm.tiny_model(task, hidden=16 if smoke else 32, layers=1 if smoke else 2,
                                heads=2)
-  steps, every, seeds = (4, 2, (0,)) if smoke else (400, 25, (0, 1, 2))
+  steps, every, seeds = (4, 2, (0,)) if smoke else (600, 50, (0, 1, 2))
   params_S = dynamics_lm.initial_params(task=task, model_cfg=cfg, seeds=seeds,
                                         sft_steps=10 if smoke else 300)
   schemes = {'per-prompt std (GRPO)': 'grpo', 'unnormalised (Dr. GRPO)': 'dr_grpo',

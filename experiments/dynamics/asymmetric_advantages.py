@@ -26,8 +26,10 @@ Result: (full run, 32 seeds)
   the 4 correct answers alive per prompt (effective number 1.99 vs 1.60). Same direction as the
   paper's claim (i).
 * Difficulty focus: A-GRAE puts 79% of the first tenth of its updates on the 3 easiest prompts
-  (GRPO 58%) and 88% of the last tenth on the 3 hardest (GRPO 75%): the easy-to-hard shift is
-  visible. But GRPO moves on to hard prompts on its own once easy ones saturate.
+  (initial success 0.28-0.8; GRPO 58%) and 88% of the last tenth on the 3 hardest (0.02-0.06;
+  GRPO 75%): the easy-to-hard shift is visible and sharper than GRPO's. GRPO's own focus
+  follows the prompts whose groups are most often mixed at the time (success near 0.5), so it
+  also drifts to the hard prompts once the easy ones saturate.
 * Efficiency: NOT the paper's direction at this scale: after 300 iterations GRPO has solved
   more (hardest prompt 0.40 vs 0.05, second hardest 0.98 vs 0.23; pass@1 0.923 vs 0.787; both
   reach pass@256 = 1.0). Suppressing positives while the batch accuracy is low slows

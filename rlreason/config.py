@@ -81,6 +81,8 @@ def default() -> ml_collections.ConfigDict:
   # The final policy as a Hugging Face directory (config.json + safetensors); '' skips it.
   c.export = ml_collections.ConfigDict(dict(path='', dtype=''))  # dtype '': model.param_dtype
   c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
+  # Sampling on the training mesh, or on per-host weight replicas (multihost.sample_mesh).
+  c.sample_mesh = ml_collections.ConfigDict(dict(kind='train', tensor=-1))
   c.log_every = 1
   return c
 

@@ -178,6 +178,30 @@ def replicate_key(key: jax.Array, mesh: jax.sharding.Mesh) -> jax.Array:
                                   impl=jax.random.key_impl(key))
 
 
+def sample_mesh(train_mesh: jax.sharding.Mesh, *, kind: str, tensor: int = -1):
+  """The mesh the sampler runs on: the training mesh, or per-host replicas ('host').
+
+  'host' puts the processes on 'data' and each host's chips on ('fsdp', 'tensor'), with
+  `tensor` chips per weight copy (-1: all of the host's chips). Under SAMPLE_RULES the
+  weights are then whole within each host (tensor-parallel over its own chips) and replicated
+  across hosts, so decoding never waits on another host; each host samples its own rows.
+  """
+  if kind == 'train':
+    return train_mesh
+  if kind != 'host':
+    raise ValueError(f"sample_mesh.kind={kind!r}; known: 'train', 'host'.")
+  devices = sorted(train_mesh.devices.flat, key=lambda d: (d.process_index, d.id))
+  hosts = len({d.process_index for d in devices})
+  local = len(devices) // hosts
+  tensor = local if tensor == -1 else tensor
+  if tensor < 1 or local % tensor:
+    raise ValueError(f'sample_mesh.tensor={tensor} does not divide the {local} chips of a '
+                     'host.')
+  axis_types = (jax.sharding.AxisType.Auto,) * 3
+  return jax.sharding.Mesh(np.array(devices).reshape(hosts, local // tensor, tensor),
+                           train_mesh.axis_names, axis_types=axis_types)
+
+
 def _client():
   from jax._src import distributed  # The coordination service client has no public handle.
   client = distributed.global_state.client

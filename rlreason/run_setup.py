@@ -56,6 +56,7 @@ class Run:
   eval_rng: jax.Array
   optimizer: Any
   ref_params: Any = None
+  sample_mesh: Any = None  # Where the sampler runs (config.sample_mesh); the mesh by default.
   judge: Any = None  # With config.judge.enabled: a judge.Judge and the RewardComposition
   reward_mix: Any = None  # of its reward with the verifier's.
   prefix_params: Any = None  # With prefix_rollouts.enabled: the older snapshot (mixed_policy).
@@ -192,6 +193,11 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
     raise ValueError(f'tokenizer has {tok.vocab_size} ids but the model only '
                      f'{cfg.vocab_size} (model.arch.vocab_size / the checkpoint).')
   mesh = sharding.make_mesh(dict(config.mesh))
+  sample_mesh = multihost.sample_mesh(mesh, **dict(config.get('sample_mesh', {'kind': 'train'})))
+  others = ('prefix_rollouts', 'hapo', 'judge')
+  if sample_mesh is not mesh and any(config[k].enabled for k in others):
+    raise ValueError("sample_mesh.kind='host' samples the policy only: prefix_rollouts, hapo "
+                     'and judge still sample on the training mesh; turn them off.')
   param_sh = sharding.param_shardings(cfg, mesh, sharding.TRAIN_RULES)
   params = jax.device_put(params, param_sh)
   opt = config.optimizer
@@ -218,7 +224,8 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
   run = Run(
       config=config, workdir=pathlib.Path(workdir), cfg=cfg, tok=tok, pad_id=pad_id, mesh=mesh,
       state_shardings=state_sh,
-      sample_shardings=sharding.param_shardings(cfg, mesh, sharding.SAMPLE_RULES),
+      sample_shardings=sharding.param_shardings(cfg, sample_mesh, sharding.SAMPLE_RULES),
+      sample_mesh=sample_mesh,
       objective=objective, train_step=train_step, logprobs=logprobs, init_params=params,
       data_iter=data_iter, eval_examples=eval_examples,
       eval_chunk=multihost.round_up(min(len(eval_examples), 256) or 1),

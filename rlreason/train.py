@@ -49,11 +49,15 @@ def sample_and_verify(run: Run, params, examples, rng, *, step: int, progress: f
     prefixes = None
     if run.prefix_params is not None:
       prefixes = mixed_policy.old_policy_prefixes(run, prompts, key=mixed_policy.prefix_key(rng))
-    rollout = jax.block_until_ready(sampler.generate(
-        params, prompts, cfg=run.cfg, group_size=rl.group_size,
-        max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_k=rl.top_k,
-        top_p=rl.top_p, stop_tokens=tuple(run.tok.eos_ids), pad_id=run.pad_id, rng=rng,
-        mesh=run.mesh, prefixes=prefixes))
+    with jax.set_mesh(run.sample_mesh):  # The training mesh unless sample_mesh.kind='host'.
+      rollout = jax.block_until_ready(sampler.generate(
+          params, prompts, cfg=run.cfg, group_size=rl.group_size,
+          max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_k=rl.top_k,
+          top_p=rl.top_p, stop_tokens=tuple(run.tok.eos_ids), pad_id=run.pad_id, rng=rng,
+          mesh=run.sample_mesh, prefixes=prefixes))
+    if run.sample_mesh is not run.mesh:  # Rows back to the learner's layout.
+      rollout = jax.device_put(rollout, jax.tree.map(
+          lambda x: sharding.data_sharding(run.mesh, x.shape), rollout))
   with phase(times, 'verify'):
     rewards_BxG, vmetrics = verify(run, rollout, examples, progress=progress, params=params)
   tokens = int(jax.device_get(rollout.lengths_N.sum()))

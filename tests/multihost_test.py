@@ -7,6 +7,7 @@ small driver (start-up, watchdog, a loop of cross-process collectives) instead o
 run: what they check is how a process dies, not what it computes.
 """
 
+import importlib.util
 import os
 import pathlib
 import signal
@@ -19,16 +20,38 @@ import jax
 import numpy as np
 import pytest
 
-from experiments import demo
 from rlreason import checkpoint
 from rlreason import metrics
 from rlreason import multihost
 from rlreason import train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-# The tiniest run: demo's runlocal model, two RL steps, no SFT, 8 rows (one per device).
-OVERRIDES = {'sft.steps': 0, 'eval.every': 0, 'eval.num_prompts': 2, 'rl.group_size': 2,
-             'rl.steps': 2}
+# The tiniest run with a learning signal: demo's runlocal model on Z_2 composition, whose
+# verifier takes the last integer of a completion mod 2, so a random policy is right half the
+# time and groups have non-zero advantages. Two RL steps, no SFT, 8 rows (one per device).
+_TINY = """
+from experiments import demo
+
+
+def get_config(arg=''):
+  c = demo.get_config('runlocal')
+  c.data.task, c.data.difficulty, c.data.task_options = 'group_composition', 8, {'group': 'Z2'}
+  c.data.prompt_buckets = (32,)
+  c.verifier.name = 'group_composition'
+  c.sft.steps, c.eval.every, c.eval.num_prompts = 0, 0, 2
+  c.rl.steps, c.rl.prompts_per_step, c.rl.group_size = 2, 4, 2
+  c.optimizer.lr = 1e-2
+  if arg == 'host_sampling':  # Per-host weight copies, tensor-parallel over 2 chips.
+    c.sample_mesh.kind, c.sample_mesh.tensor = 'host', 2
+  return c
+"""
+
+
+def _tiny_config(path, arg=''):
+  spec = importlib.util.spec_from_file_location('_multihost_tiny', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
 
 
 def _free_port() -> int:
@@ -59,17 +82,16 @@ def _kill_all(procs) -> None:
 
 
 def test_two_processes_match_one_process_with_eight_devices(tmp_path):
-  flags = [f'--config.{k}={v}' for k, v in OVERRIDES.items()]
+  """2 x 4 devices, sampling on the training mesh, against 1 x 8 devices sampling on a
+  per-host mesh (data 1, fsdp 4, tensor 2): both layouts must give the same training."""
+  tiny = tmp_path / 'tiny.py'
+  tiny.write_text(_TINY)
   procs = _spawn(lambda i, port: [
-      sys.executable, '-m', 'rlreason.main', '--config', 'experiments/demo.py:runlocal',
-      '--workdir', str(tmp_path / 'two'), '--multihost', f'--coordinator_address=localhost:{port}',
-      '--num_processes=2', f'--process_id={i}', '--peer_timeout_s=60', *flags])
+      sys.executable, '-m', 'rlreason.main', '--config', str(tiny), '--workdir',
+      str(tmp_path / 'two'), '--multihost', f'--coordinator_address=localhost:{port}',
+      '--num_processes=2', f'--process_id={i}', '--peer_timeout_s=60'])
   try:
-    config = demo.get_config('runlocal')
-    for key, value in OVERRIDES.items():
-      section, field = key.split('.')
-      config[section][field] = value
-    reference, _ = train.train(config, str(tmp_path / 'one'))
+    reference, _ = train.train(_tiny_config(tiny, 'host_sampling'), str(tmp_path / 'one'))
     outputs = [p.communicate(timeout=600)[0] for p in procs]
   finally:
     _kill_all(procs)
@@ -85,10 +107,18 @@ def test_two_processes_match_one_process_with_eight_devices(tmp_path):
   assert data_state == checkpoint.Checkpointer(tmp_path / 'one').restore(abstract)[2]
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                jax.device_get(restored.params), jax.device_get(reference.params))
-  # Rewards were verified on each host for its own rows and gathered: the same as one host's.
+  # Not vacuous: the two RL steps moved the weights away from the step-0 state.
+  _, initial, _, _ = checkpoint.Checkpointer(tmp_path / 'two' / 'warm_start').restore(abstract)
+  moved = max(float(np.abs(a - b).max()) for a, b in zip(
+      jax.tree.leaves(jax.device_get(initial.params)),
+      jax.tree.leaves(jax.device_get(reference.params))))
+  assert moved > 1e-3
+  # Each host verified its own rows and the rewards were gathered: the same as one host's,
+  # written once (only process 0 writes metrics).
   one = metrics.read_jsonl(tmp_path / 'one' / 'metrics.jsonl')
   two = metrics.read_jsonl(tmp_path / 'two' / 'metrics.jsonl')
   assert [r.get('train/reward') for r in two] == [r.get('train/reward') for r in one]
+  assert 0 < one[-1]['train/reward'] < 1
 
 
 _DRIVER = textwrap.dedent('''

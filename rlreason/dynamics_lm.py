@@ -22,7 +22,7 @@ elements of `rlreason.tasks.group_composition` become one token each. A prompt i
 `max_k` slots holding g_1 .. g_k then blanks, followed by the identity element as s_0; the
 policy writes s_1 .. s_K with s_i = g_i · s_{i-1} and only its first k tokens count (the
 length is given by the problem, so no stop token is learned). The reward is 1 iff token k
-equals s_k; intermediate states are not scored. Because g_i sits exactly `max_k + 1` positions
+equals s_k; intermediate states are not scored. Because g_i sits exactly `max_k` positions
 before the query that writes s_i, one attention offset and one product table serve every step
 of every k: the per-step skill is shared across difficulties, which is what lets easy levels
 teach hard ones. Every reward is chance-level 1/|G| at initialisation, for every k.
@@ -32,7 +32,8 @@ What the policy shares with the product: `model.apply` (the transformer), `updat
 Σπ² for OTB), the estimators of `advantages`, `loss_diagnostics.otb_variance_proxies`.
 Deliberately not here: `sampler.generate` (its host-side checks of the prompts cannot run inside
 a scan; `decode` is its few-line core: prefill into `model`'s KV cache, then one token a step);
-the paper's frozen one-step MLP (the whole model trains); text tokenisation; plotting.
+the paper's frozen one-step MLP (`one_step_sft` teaches the product table by SFT instead, then
+the whole model trains); text tokenisation; plotting (the studies use `dynamics.plot_band`).
 """
 
 import dataclasses

@@ -233,8 +233,9 @@ def main(argv=None) -> None:
     mesh = 'x'.join(str(v) for v in r['mesh'].values())
     cells = ' | '.join(f'{r[c] / 2**20:.1f}' for c in cols)
     fits = 'yes' if r['peak'] <= hbm else 'NO'
-    print(f'| {spec} | {r["model"]} ({r["params_B"]:.2f}B) | {mesh} | {cells} | {fits} |',
-          flush=True)
+    count = r['params_B']
+    size = f'{count:.2f}B' if count >= 1 else f'{count * 1e3:.3g}M'
+    print(f'| {spec} | {r["model"]} ({size}) | {mesh} | {cells} | {fits} |', flush=True)
 
 
 if __name__ == '__main__':

@@ -1,4 +1,4 @@
-"""Toy RL loops for small-scale dynamics studies: categorical bandits trained by the real objectives.
+"""Toy RL loops for dynamics studies: categorical bandits trained by the real objectives.
 
 A policy is a table of logits `logits_BxLxV`: B prompts (contexts), L positions, V answers per
 position, the positions of an answer drawn independently given the prompt. L = 1 is a plain
@@ -6,18 +6,19 @@ categorical bandit (one answer per prompt); L > 1 gives every sample L tokens wi
 ratios, the cheapest sequence-like structure. `correct_BxLxV` marks the correct token(s) of each
 position; a sample's reward is the fraction of its positions that are correct (0/1 for L = 1).
 
-`make_train` builds the whole loop in the purejaxrl style, `train(key) -> (state, metrics)`, one
-`lax.scan` over iterations; `run_seeds` jits it vmapped over seeds, and `run_grid` also over
-configurations that differ only in numbers (learning rate, ε, γ), in one compilation. Each
-iteration samples G answers per prompt from the behaviour policy (the current one, or the one
-`staleness` iterations old), scores them, turns rewards into advantages with `advantage_fn(rewards_BxG)` (e.g.
-`advantages.grpo`, composed with `advantage_transforms.focal_scale` or `a_grae`), and takes
-`num_updates` optimiser steps on the same batch with `loss_fn`, any policy loss with the
-signature of `losses.py` (`ppo_clip`, `cispo`, `trust_region.quatro`, ...), aggregated by
-`aggregation.aggregate`. Metrics are exact functions of the policy tables (success
-probability, entropy, KL to the behaviour policy) plus the loss's own diagnostics. A
-`logits_fn` maps other parameter pytrees to the table (e.g. shared + per-prompt logits, so that
-prompts interact as they do through a network's weights).
+`make_train` builds the whole loop in the purejaxrl style, `train(key) -> (state, metrics)`,
+one `lax.scan` over iterations; `run_seeds` jits it vmapped over seeds, and `run_grid` also
+over configurations that differ only in numbers (learning rate, ε, γ), in one compilation.
+Each iteration samples G answers per prompt from the behaviour policy (the current one, or the
+one `staleness` iterations old), scores them, turns rewards into advantages with
+`advantage_fn(rewards_BxG)` (e.g. `advantages.grpo`, composed with
+`advantage_transforms.focal_scale` or `a_grae`), and takes `num_updates` optimiser steps on
+the same batch with `loss_fn`, any policy loss with the signature of `losses.py`
+(`ppo_clip`, `cispo`, `trust_region.quatro`, ...), aggregated by `aggregation.aggregate`.
+Metrics are exact functions of the policy tables (success probability, entropy, KL to the
+behaviour policy) plus the loss's own diagnostics. A `logits_fn` maps other parameter pytrees
+to the table (e.g. shared + per-prompt logits, so that prompts interact as they do through a
+network's weights).
 
 Extra axis letters used here: C configurations, R runs (seeds), I iterations, J values of k
 for pass@k.

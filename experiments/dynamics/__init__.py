@@ -42,7 +42,8 @@ def _docstring_parts(module: types.ModuleType) -> tuple[str, str, str]:
     question = rest.split('Question:', 1)[1].split('\n\n', 1)[0].strip()
     result = rest.split('Result:', 1)[1].strip()
   except IndexError as e:
-    raise ValueError(f'{module.__name__}: docstring needs "Question:" and "Result:" sections.') from e
+    raise ValueError(f'{module.__name__}: docstring needs "Question:" and "Result:" '
+                     'sections.') from e
   return title, question[:1].upper() + question[1:], result
 
 

@@ -126,8 +126,9 @@ def summary(results: dict) -> str:
     n = share_IxB.shape[0]
     early_B, late_B = share_IxB[: max(1, n // 10)].mean(0), share_IxB[-max(1, n // 10):].mean(0)
     lines.append(
-        f'{name}: final success per prompt [{" ".join(f"{x:.3f}" for x in succ_B)}]; update share of the '
-        f'3 hardest / 3 easiest prompts: first 10% {early_B[:3].sum():.2f} / {early_B[-3:].sum():.2f},'
+        f'{name}: final success per prompt [{" ".join(f"{x:.3f}" for x in succ_B)}]; '
+        f'update share of the 3 hardest / 3 easiest prompts: '
+        f'first 10% {early_B[:3].sum():.2f} / {early_B[-3:].sum():.2f},'
         f' last 10% {late_B[:3].sum():.2f} / {late_B[-3:].sum():.2f}; Σ unsampled-correct Δlogit '
         f'{run["unsampled_logit_delta_RxI"].mean(0).sum():+.3f}; correct modes kept (of 4) '
         f'{run["correct_modes_RxB"].mean():.2f}; pass@1 {run["pass_at_k_J"][0]:.3f}, '

@@ -5,7 +5,7 @@ answer, and does GRPO on a categorical bandit with a common and a rare correct a
 the rare (usually unsampled) correct mass while the total correct mass grows? Does F-GRPO's
 focal scaling (1 - µ̂)^γ change that, and what happens to pass@k?
 
-  python -m experiments.dynamics.tail_miss_focal            # full run, writes colab/figures/02_*.png
+  python -m experiments.dynamics.tail_miss_focal            # full run, colab/figures/02_*.png
   python -m experiments.dynamics.tail_miss_focal --smoke    # seconds
   python -m experiments.dynamics.tail_miss_focal --write_notebook   # regenerates colab/02_*.ipynb
 
@@ -206,10 +206,13 @@ def figure(results: dict):
     dynamics.plot_band(axes[2, 1], x_I, shared['hard_CxRxI'][c], label=label,
                        color=line.get_color())
     axes[2, 2].plot(results['ks'], shared['pass_CxJ'][c], color=line.get_color(), label=label)
-  axes[2, 0].set(xlabel='iteration', ylabel='success', title='shared logits: easy prompts (0 or 1 correct)')
+  axes[2, 0].set(xlabel='iteration', ylabel='success',
+                 title='shared logits: easy prompts (0 or 1 correct)')
   axes[2, 0].legend(fontsize=8)
-  axes[2, 1].set(xlabel='iteration', ylabel='success', title='shared logits: hard prompts (only 1 correct)')
-  axes[2, 2].set(xscale='log', xlabel='k', ylabel='pass@k', title='shared logits: pass@k over the 8 prompts')
+  axes[2, 1].set(xlabel='iteration', ylabel='success',
+                 title='shared logits: hard prompts (only 1 correct)')
+  axes[2, 2].set(xscale='log', xlabel='k', ylabel='pass@k',
+                 title='shared logits: pass@k over the 8 prompts')
   axes[2, 2].legend(fontsize=8)
   fig.tight_layout()
   return fig
@@ -219,7 +222,8 @@ def summary(results: dict) -> str:
   """The headline numbers the docstring and README quote."""
   lines = []
   for (mu, tau), exact, mc in zip(results['mu_tau'], results['tail_exact'], results['tail_mc']):
-    lines.append(f'tail miss µ={mu} τ={tau}: max |MC - exact| = {np.max(np.abs(mc - exact)):.4f}, '
+    lines.append(f'tail miss µ={mu} τ={tau}: max |MC - exact| '
+                 f'= {np.max(np.abs(mc - exact)):.4f}, '
                  f'peak at N={results["group_sizes"][int(np.argmax(exact))]} ({exact.max():.3f})')
   for n, run in results['runs'].items():
     for c in range(run['rare_CxRxI'].shape[0]):
@@ -229,18 +233,22 @@ def summary(results: dict) -> str:
       lines.append(
           f'N={n} γ={results["gammas"][c]:g}: µ {np.median(total[:, 0]):.3f} -> '
           f'{np.median(total[:, -1]):.3f}, τ {np.median(rare[:, 0]):.4f} -> '
-          f'{np.median(rare[:, -1]):.5f} (seeds with τ_end < τ_0: {np.mean(rare[:, -1] < 0.02):.2f}), '
+          f'{np.median(rare[:, -1]):.5f} '
+          f'(seeds with τ_end < τ_0: {np.mean(rare[:, -1] < 0.02):.2f}), '
           f'mean Δ unsampled-correct mass/iter {run["unsampled_delta_CxRxI"][c].mean():+.2e}, '
           f'pass@1 {run["pass_total_CxJ"][c][0]:.3f}, rare pass@{results["ks"][j32]} '
           f'{run["pass_rare_CxJ"][c][j32]:.3f}, pass@256 sampled vs exact '
           f'{run["pass_sampled_CxJ"][c][-1]:.3f} / {run["pass_total_CxJ"][c][-1]:.3f}')
   shared = results['shared']
   j_big = int(np.searchsorted(results['ks'], 64))
-  lines.append(f'shared logits, start: easy {shared["success0_B"][:shared["num_easy"]].mean():.3f}, '
-               f'hard {shared["success0_B"][shared["num_easy"]:].mean():.3f}, pass@1 '
-               f'{shared["pass0_J"][0]:.3f}, pass@{results["ks"][j_big]} {shared["pass0_J"][j_big]:.3f}')
+  easy = shared['num_easy']
+  lines.append(f'shared logits, start: easy {shared["success0_B"][:easy].mean():.3f}, '
+               f'hard {shared["success0_B"][easy:].mean():.3f}, pass@1 '
+               f'{shared["pass0_J"][0]:.3f}, '
+               f'pass@{results["ks"][j_big]} {shared["pass0_J"][j_big]:.3f}')
   for c, gamma in enumerate(results['gammas']):
-    lines.append(f'shared logits γ={gamma:g}: easy {np.median(shared["easy_CxRxI"][c, :, -1]):.3f}, '
+    lines.append(f'shared logits γ={gamma:g}: '
+                 f'easy {np.median(shared["easy_CxRxI"][c, :, -1]):.3f}, '
                  f'hard {np.median(shared["hard_CxRxI"][c, :, -1]):.3f}, pass@1 '
                  f'{shared["pass_CxJ"][c][0]:.3f}, pass@{results["ks"][j_big]} '
                  f'{shared["pass_CxJ"][c][j_big]:.3f}')

@@ -235,6 +235,10 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
       root_rng=multihost.replicate_key(jax.random.fold_in(root, 1), mesh),
       eval_rng=multihost.replicate_key(jax.random.fold_in(root, 2), mesh),
       optimizer=optimizer)
+  if jax.process_count() > 1 and (config.hapo.enabled or config.prefix_rollouts.enabled):
+    # Teacher traces are built and verified on the host, and the sampler checks prefixes on
+    # the host: both assume every row is addressable here.
+    raise ValueError('hapo.enabled and prefix_rollouts.enabled are single-host for now.')
   if config.judge.enabled:
     from rlreason import judge as judge_lib
     run.judge, run.reward_mix = judge_lib.from_config(config.judge, policy_cfg=cfg, policy_tok=tok,

@@ -23,6 +23,7 @@ from rlreason import checkpoint
 from rlreason import config as config_lib
 from rlreason import metrics as metrics_lib
 from rlreason import mixed_policy
+from rlreason import multihost
 from rlreason import sampler
 from rlreason import sharding
 from rlreason.rl_batch import (advantages_for, dynamic_filter, make_train_batch, throughput,
@@ -49,6 +50,8 @@ def sample_and_verify(run: Run, params, examples, rng, *, step: int, progress: f
     prefixes = None
     if run.prefix_params is not None:
       prefixes = mixed_policy.old_policy_prefixes(run, prompts, key=mixed_policy.prefix_key(rng))
+    if run.sample_mesh is not run.mesh:  # The key too must live on the sampling mesh.
+      rng = multihost.replicate_key(rng, run.sample_mesh)
     with jax.set_mesh(run.sample_mesh):  # The training mesh unless sample_mesh.kind='host'.
       rollout = jax.block_until_ready(sampler.generate(
           params, prompts, cfg=run.cfg, group_size=rl.group_size,

@@ -243,7 +243,7 @@ def _advantage_fns(group_size: int):
 
 def tiny_model(task: GroupTask, *, hidden: int = 64, layers: int = 2,
                heads: int = 4) -> model.ModelConfig:
-  """A Qwen2-style decoder sized for the task's vocabulary (d = hidden, head_dim = 16)."""
+  """A Qwen2-style decoder sized for the task's vocabulary (head_dim = hidden / heads)."""
   return model.ModelConfig(vocab_size=task.vocab_size, hidden_size=hidden,
                            intermediate_size=2 * hidden, num_layers=layers, num_heads=heads,
                            num_kv_heads=heads, head_dim=hidden // heads,

@@ -17,9 +17,9 @@ of CPU, mostly compilation.
 Setup (rlreason.dynamics_lm, the task of study 1): S_3 composition with k uniform in 1..4 (so
 per-prompt success rates, hence σ_x, differ), a 2-layer d = 32 decoder warm-started on the
 one-step product (300 SFT steps), then 600 RL steps of 16 prompts x G = 8 for each scheme,
-every scheme from the same seeds and warm start: advantages.grpo (per-prompt std), advantages.dr_grpo
-(mean-centred only), advantages.reinforce_pp_baseline (group mean, then the batch std: the
-global normalisation; it was already in the library). Adam 1e-3 with global-norm clipping at 1
+every scheme from the same seeds and warm start: advantages.grpo (per-prompt std),
+advantages.dr_grpo (mean-centred only), advantages.reinforce_pp_baseline (group mean, then
+the batch std: the global normalisation; it was already in the library, so nothing was added). Adam 1e-3 with global-norm clipping at 1
 for all three; the aggregation (seq-mean-token-mean) is the same, so only the advantage scale
 per prompt differs. Heterogeneity per step: std_cv = std/mean of σ_x over prompts with σ_x > 0
 (dynamics_lm.std_heterogeneity). 3 seeds. Note Adam divides out any global gradient scale,

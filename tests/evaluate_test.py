@@ -69,13 +69,8 @@ def test_exported_policy_loads_back_with_the_same_logits(finished_run):
   expected = np.asarray(model.apply(jax.device_get(state.params), tokens, cfg=ours_cfg)[0])
   assert expected.std() > 0
   np.testing.assert_array_equal(np.asarray(model.apply(params, tokens, cfg=cfg)[0]), expected)
-  torch = pytest.importorskip('torch')
-  transformers = pytest.importorskip('transformers')
-  hf = transformers.AutoModelForCausalLM.from_pretrained(
-      str(workdir / 'hf'), dtype=torch.float32, attn_implementation='eager').eval()
-  with torch.no_grad():
-    logits = hf(input_ids=torch.tensor(tokens, dtype=torch.long)).logits.numpy()
-  assert np.abs(logits - expected).max() <= 1e-4
+  # That transformers reads such a directory alike is weights_test's
+  # test_export_matches_transformers; here the point is the run's own export.
 
 
 def test_majority_vote_uses_final_answers():

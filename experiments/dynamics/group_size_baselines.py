@@ -144,7 +144,7 @@ def main():
   print(summary(results))
   fig = figure(results)
   if not args.smoke:
-    fig.savefig(studies.FIGURES / '03_group_size_baselines.png', dpi=70)
+    fig.savefig(studies.FIGURES / '03_group_size_baselines.png', dpi=60)  # < 200 KB
 
 
 if __name__ == '__main__':

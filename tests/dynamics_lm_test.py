@@ -9,6 +9,11 @@ from rlreason import dynamics_lm as dl
 from rlreason import model
 from rlreason.tasks import group_composition
 
+# Jitted once per shape (and kept in the suite's persistent cache): eager dispatch of these
+# small scans and reductions costs seconds on a shared 2-core machine.
+_make_problems = jax.jit(dl.make_problems, static_argnums=0)
+_advantages = jax.jit(dl.token_advantages, static_argnums=(0,))
+
 
 def test_table_is_the_task_modules_product():
   task = dl.GroupTask.make('S3', max_k=3)
@@ -34,7 +39,7 @@ def test_problems_match_generated_examples():
     ks.append(k)
     elements.append([index[e] for e in ex.meta['elements']] + [0] * (4 - k))
     answers.append(index[ex.answer])
-  problems = dl.make_problems(task, ks, elements)
+  problems = _make_problems(task, jnp.asarray(ks), jnp.asarray(elements))
   np.testing.assert_array_equal(dl.answers_B(problems), answers)
   # Register g_1..g_k, blanks, then the identity as s_0.
   np.testing.assert_array_equal(
@@ -44,7 +49,7 @@ def test_problems_match_generated_examples():
 
 def test_rewards_score_only_the_kth_token():
   task = dl.GroupTask.make('Z5', max_k=3)
-  problems = dl.make_problems(task, [2], [[1, 3, 4]])  # s = 1, 4 (mod 5); answer 4.
+  problems = _make_problems(task, jnp.asarray([2]), jnp.asarray([[1, 3, 4]]))  # s = 1, 4 (mod 5); answer 4.
   prompt = list(np.asarray(problems.tokens_BxP[0]))
   right = prompt + [1 + 2, 4 + 2, 0]
   wrong_middle = prompt + [0 + 2, 4 + 2, 3]  # Intermediate state and filler are not scored.
@@ -75,7 +80,7 @@ def test_std_heterogeneity_hand_values():
 def test_token_advantages_hand_values():
   rewards_BxG = jnp.asarray([[1.0, 0.0], [1.0, 1.0]])
   mask_NxL = jnp.asarray([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 1.0]])
-  adv = lambda name: np.asarray(dl.token_advantages(name, rewards_BxG, None, mask_NxL))
+  adv = lambda name: np.asarray(_advantages(name, rewards_BxG, None, mask_NxL))
   # GRPO: ±0.5 / unbiased std 0.7071 = ±0.7071. Dr. GRPO: ±0.5. Global: centred values
   # [.5, -.5, 0, 0] over the batch have variance 0.5 / 3, so ±0.5 / 0.4082 = ±1.2247.
   np.testing.assert_allclose(adv('grpo')[:2], [[0.70710, 0.70710], [-0.70710, 0.0]], rtol=1e-4)

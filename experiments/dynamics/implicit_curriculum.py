@@ -34,7 +34,11 @@ p^L signal predicts), and the untrained middle levels decay (k = 2 0.40 -> 0.23)
 happens within the budget, so whether the plateau ends in the paper's grokking-like transition
 cannot be told at this scale; nor can the smooth/gap contrast at k = 4 itself, which is at chance
 in both. What the small scale does show: k = 2 and 3 rise when they are in the mix and decay
-when they are not, and k = 4 gets no usable signal while k = 3 is still near chance.
+when they are not, and k = 4 gets no usable signal while k = 3 is still near chance. The same
+warm start leaves most groups with zero reward variance in studies 3 and 4 (a nearly
+deterministic policy on k >= 2), which is one reason progress is slow; an exploratory run
+without the warm start (RL from random init, smooth spectrum, 600 steps, 2 seeds) was no faster:
+k = 2 0.14 -> 0.47, k = 3 0.19 -> 0.27, k = 4 0.15 -> 0.24.
 """
 
 import argparse

@@ -406,7 +406,7 @@ def train(*, task: GroupTask, difficulties: Sequence[int], estimator: str, group
   """RL from `params_S` (from `initial_params`), `eval_every` jitted steps at a time.
 
   Seeds run one after the other: on the shared 2-core CPU a vmap over seeds ran ~4x slower
-  per seed than a loop at these sizes (the batched step falls out of cache). Runs with the
+  per seed than a loop at these sizes (measured, not explained). Runs with the
   same shapes (task, model, G, prompts per step, lr) share one compilation. Step keys come
   from fold 1 of each seed's key.
   """

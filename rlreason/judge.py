@@ -357,7 +357,8 @@ def from_config(c, *, policy_cfg: model.ModelConfig, policy_tok: tokenizer_lib.T
   if jax.process_count() > 1:
     # Each host verifies only its own rows, but the judge's sampler calls are collectives
     # that every host must make alike: it would first have to gather every row's text.
-    raise NotImplementedError('judge.enabled: the judge reward runs on one host only so far.')
+    raise ValueError('judge.enabled=True needs a single-host run (jax.process_count() == 1); '
+                     'multi-host judging is not supported.')
   if c.model == 'policy':
     cfg, tok, params = policy_cfg, policy_tok, None
   elif c.model == 'random-tiny':

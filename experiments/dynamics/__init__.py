@@ -2,8 +2,8 @@
 
 A study module has a docstring (question, command, runtime, result), `simulate(smoke)`,
 `figure(results)` and `summary(results)` functions that use only numpy, jax, matplotlib and
-the public rlreason API, and a `main()` that runs them and saves the figure under
-colab/figures/. Its notebook colab/<nn>_<name>.ipynb is generated from the same source by
+the public rlreason API, and a `main()` that hands them to `run_study`, which runs them
+and saves the figure under colab/figures/. Its notebook colab/<nn>_<name>.ipynb is generated from the same source by
 `write_notebook` (`python -m experiments.dynamics.<name> --write_notebook`), so the two cannot
 drift apart: the notebook's cells are the module's import lines, the source of those
 functions, and the docstring's question and result.
@@ -12,9 +12,11 @@ Deliberately not here: shared toy-loop code (rlreason/dynamics.py), the test tha
 the notebooks (tests/colab_test.py).
 """
 
+import argparse
 import ast
 import inspect
 import pathlib
+import sys
 import types
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -80,3 +82,28 @@ def write_notebook(module: types.ModuleType, *, path: pathlib.Path, steps: list[
       'kernelspec': {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'},
       'language_info': {'name': 'python'}})
   nbformat.write(nb, str(path))
+
+
+def run_study(module_name: str, *, notebook: str, helpers: tuple[str, ...] = (),
+              dpi: int = 60) -> None:
+  """A study's command line: the full run (saves its figure), `--smoke`, `--write_notebook`.
+
+  `notebook` names both colab/<notebook>.ipynb and colab/figures/<notebook>.png; `helpers`
+  are the module's other functions that `figure` and `summary` call, which the notebook
+  needs as cells of their own.
+  """
+  module = sys.modules[module_name]
+  parser = argparse.ArgumentParser(description=module.__doc__.split('\n')[0])
+  parser.add_argument('--smoke', action='store_true', help='reduced settings (seconds)')
+  parser.add_argument('--write_notebook', action='store_true', help='regenerate the notebook')
+  args = parser.parse_args()
+  if args.write_notebook:
+    write_notebook(module, path=REPO / 'colab' / f'{notebook}.ipynb', steps=[
+        'simulate', 'results = simulate(SMOKE)', *helpers, 'figure', 'summary',
+        'fig = figure(results)\nprint(summary(results))'])
+    return
+  results = module.simulate(args.smoke)
+  print(module.summary(results))
+  fig = module.figure(results)
+  if not args.smoke:
+    fig.savefig(FIGURES / f'{notebook}.png', dpi=dpi)  # dpi keeps each PNG under 200 KB.

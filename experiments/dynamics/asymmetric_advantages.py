@@ -37,7 +37,6 @@ Result: (full run, 32 seeds)
   shared parameters, so exploration cannot pay off by generalising.
 """
 
-import argparse
 
 import jax
 import matplotlib.pyplot as plt
@@ -137,22 +136,7 @@ def summary(results: dict) -> str:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--smoke', action='store_true', help='reduced settings (seconds)')
-  parser.add_argument('--write_notebook', action='store_true', help='regenerate the notebook')
-  args = parser.parse_args()
-  if args.write_notebook:
-    import sys
-    studies.write_notebook(sys.modules[__name__], path=studies.REPO / 'colab' /
-                           '06_asymmetric_advantages.ipynb', steps=[
-                               'simulate', 'results = simulate(SMOKE)', 'figure', 'summary',
-                               'fig = figure(results)\nprint(summary(results))'])
-    return
-  results = simulate(args.smoke)
-  print(summary(results))
-  fig = figure(results)
-  if not args.smoke:
-    fig.savefig(studies.FIGURES / '06_asymmetric_advantages.png', dpi=60)
+  studies.run_study(__name__, notebook='06_asymmetric_advantages', dpi=60)
 
 
 if __name__ == '__main__':

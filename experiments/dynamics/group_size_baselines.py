@@ -41,7 +41,6 @@ is close to the group mean, i.e. to the unnormalised advantage. A first run with
 GRPO N = 4 / 8 / 32 and OTB N = 4; k <= 3 was then used so that more levels can move.
 """
 
-import argparse
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -128,23 +127,8 @@ def summary(results: dict) -> str:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--smoke', action='store_true', help='reduced settings (seconds)')
-  parser.add_argument('--write_notebook', action='store_true', help='regenerate the notebook')
-  args = parser.parse_args()
-  if args.write_notebook:
-    import sys
-    studies.write_notebook(sys.modules[__name__], path=studies.REPO / 'colab' /
-                           '03_group_size_baselines.ipynb', steps=[
-                               'simulate', 'results = simulate(SMOKE)', 'smooth', 'figure',
-                               '_rounded', 'summary',
-                               'fig = figure(results)\nprint(summary(results))'])
-    return
-  results = simulate(args.smoke)
-  print(summary(results))
-  fig = figure(results)
-  if not args.smoke:
-    fig.savefig(studies.FIGURES / '03_group_size_baselines.png', dpi=60)  # < 200 KB
+  studies.run_study(__name__, notebook='03_group_size_baselines', helpers=('smooth', '_rounded'),
+                    dpi=60)
 
 
 if __name__ == '__main__':

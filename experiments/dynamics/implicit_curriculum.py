@@ -41,7 +41,6 @@ without the warm start (RL from random init, smooth spectrum, 600 steps, 2 seeds
 k = 2 0.14 -> 0.47, k = 3 0.19 -> 0.27, k = 4 0.15 -> 0.24.
 """
 
-import argparse
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -127,23 +126,8 @@ def summary(results: dict) -> str:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--smoke', action='store_true', help='reduced settings (seconds)')
-  parser.add_argument('--write_notebook', action='store_true', help='regenerate the notebook')
-  args = parser.parse_args()
-  if args.write_notebook:
-    import sys
-    studies.write_notebook(sys.modules[__name__], path=studies.REPO / 'colab' /
-                           '01_implicit_curriculum.ipynb', steps=[
-                               'simulate', 'results = simulate(SMOKE)', 'first_step_above',
-                               'figure', '_rounded', 'summary',
-                               'fig = figure(results)\nprint(summary(results))'])
-    return
-  results = simulate(args.smoke)
-  print(summary(results))
-  fig = figure(results)
-  if not args.smoke:
-    fig.savefig(studies.FIGURES / '01_implicit_curriculum.png', dpi=70)
+  studies.run_study(__name__, notebook='01_implicit_curriculum', helpers=('first_step_above', '_rounded'),
+                    dpi=70)
 
 
 if __name__ == '__main__':

@@ -43,7 +43,6 @@ not its 1.5B one, but at this size it says more about the missing heterogeneity 
 normalisation.
 """
 
-import argparse
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -142,23 +141,8 @@ def summary(results: dict) -> str:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--smoke', action='store_true', help='reduced settings (seconds)')
-  parser.add_argument('--write_notebook', action='store_true', help='regenerate the notebook')
-  args = parser.parse_args()
-  if args.write_notebook:
-    import sys
-    studies.write_notebook(sys.modules[__name__], path=studies.REPO / 'colab' /
-                           '04_normalisation.ipynb', steps=[
-                               'simulate', 'results = simulate(SMOKE)', 'block_mean', 'steps_to',
-                               'figure', '_rounded', 'summary',
-                               'fig = figure(results)\nprint(summary(results))'])
-    return
-  results = simulate(args.smoke)
-  print(summary(results))
-  fig = figure(results)
-  if not args.smoke:
-    fig.savefig(studies.FIGURES / '04_normalisation.png', dpi=70)
+  studies.run_study(__name__, notebook='04_normalisation', helpers=('block_mean', 'steps_to', '_rounded'),
+                    dpi=70)
 
 
 if __name__ == '__main__':

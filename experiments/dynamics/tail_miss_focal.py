@@ -47,7 +47,6 @@ Result: (full run, 64 seeds)
   more slowly.
 """
 
-import argparse
 
 import jax
 import jax.numpy as jnp
@@ -256,22 +255,7 @@ def summary(results: dict) -> str:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--smoke', action='store_true', help='reduced settings (seconds)')
-  parser.add_argument('--write_notebook', action='store_true', help='regenerate the notebook')
-  args = parser.parse_args()
-  if args.write_notebook:
-    import sys
-    studies.write_notebook(sys.modules[__name__], path=studies.REPO / 'colab' /
-                           '02_tail_miss_focal.ipynb', steps=[
-                               'simulate', 'results = simulate(SMOKE)', 'figure', 'summary',
-                               'fig = figure(results)\nprint(summary(results))'])
-    return
-  results = simulate(args.smoke)
-  print(summary(results))
-  fig = figure(results)
-  if not args.smoke:
-    fig.savefig(studies.FIGURES / '02_tail_miss_focal.png', dpi=58)
+  studies.run_study(__name__, notebook='02_tail_miss_focal', dpi=58)
 
 
 if __name__ == '__main__':

@@ -40,7 +40,6 @@ Result: (full run, 32 seeds; "locked" = a position whose mass sits > 0.99 on a w
   clipping's zero gradients cause collapse does not show at this scale.
 """
 
-import argparse
 import functools
 
 import jax
@@ -144,22 +143,7 @@ def summary(results: dict) -> str:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--smoke', action='store_true', help='reduced settings (seconds)')
-  parser.add_argument('--write_notebook', action='store_true', help='regenerate the notebook')
-  args = parser.parse_args()
-  if args.write_notebook:
-    import sys
-    studies.write_notebook(sys.modules[__name__], path=studies.REPO / 'colab' /
-                           '05_trust_regions.ipynb', steps=[
-                               'simulate', 'results = simulate(SMOKE)', 'figure', 'summary',
-                               'fig = figure(results)\nprint(summary(results))'])
-    return
-  results = simulate(args.smoke)
-  print(summary(results))
-  fig = figure(results)
-  if not args.smoke:
-    fig.savefig(studies.FIGURES / '05_trust_regions.png', dpi=60)
+  studies.run_study(__name__, notebook='05_trust_regions', dpi=60)
 
 
 if __name__ == '__main__':

@@ -339,6 +339,8 @@ def sft_loop(run: Run, state, *, steps: int, writer=None, solutions=None, seed_o
     if writer is not None and (i % 50 == 0 or i == steps - 1):
       host = writer.write(i - steps, metrics, prefix='sft/')
       writer.progress(i + 1, host, keys=('sft/loss',), label=f'sft {i + 1}/{steps}')
-  state = state.replace(params=sft_state.params)
+  # Back in the training layout: the SFT step's outputs carry whatever shardings XLA chose,
+  # and a state in another layout would compile the RL train step a second time.
+  state = state.replace(params=jax.device_put(sft_state.params, run.state_shardings.params))
   return state, {f'sft/{k}': v for k, v in metrics.items()}
 

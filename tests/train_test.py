@@ -40,8 +40,14 @@ def tiny_config(steps=2):
   return c
 
 
-def test_two_rl_steps_end_to_end(tmp_path):
+def test_two_rl_steps_end_to_end(tmp_path, monkeypatch):
+  runs = []
+  build = train.build
+  monkeypatch.setattr(train, 'build', lambda *a, **k: runs.append(build(*a, **k)) or runs[-1])
   state, eval_metrics = train.train(tiny_config(steps=2), str(tmp_path))
+  # One compilation of the update for the whole run: the warm start hands back its params
+  # in the training layout (it once handed XLA's choice, which compiled step 2 again).
+  assert runs[0].train_step._cache_size() == 1
   assert int(state.step) + int(state.skipped) == 2 * 2  # 2 steps x 2 minibatches.
   log = metrics.read_jsonl(tmp_path / 'metrics.jsonl')
   rl_steps = [row for row in log if row['step'] > 0]

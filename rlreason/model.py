@@ -86,7 +86,8 @@ class ModelConfig:
 class KVCache:
   """Keys and values of every layer, written slot by slot.
 
-  keys, values: one NxSxKxDh array per layer. mask_NxS: the slot holds a real token
+  keys, values: one NxKxSxDh array per layer, head-major as the attention matmuls read them
+  (a slot-major cache is transposed whole at every decode step). mask_NxS: the slot holds a real token
   (left padding and unused slots are False). end: the next slot to write, shared by
   all rows. pos_N: each row's next RoPE position (its count of real tokens so far).
   """
@@ -104,7 +105,7 @@ class KVCache:
 def init_cache(cfg: ModelConfig, batch: int, size: int, dtype=None) -> KVCache:
   """An empty cache of `size` slots for `batch` rows (dtype defaults to compute dtype)."""
   dtype = dtype or cfg.compute_dtype
-  shape = (batch, size, cfg.num_kv_heads, cfg.head_dim)
+  shape = (batch, cfg.num_kv_heads, size, cfg.head_dim)
   zeros = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
   return KVCache(keys=zeros(), values=zeros(), mask_NxS=jnp.zeros((batch, size), bool),
                  end=jnp.zeros((), jnp.int32), pos_N=jnp.zeros((batch,), jnp.int32))
@@ -206,21 +207,33 @@ class Attention(nnx.Module):
 
     # Write this call's keys at slots [end, end + T), attend to every valid slot <= own.
     cache_k, cache_v, cache_mask_NxS, end = layer_cache
-    keys_NxSxKxDh = jax.lax.dynamic_update_slice_in_dim(
-        cache_k, k_NxTxKxDh.astype(cache_k.dtype), end, axis=1)
-    values_NxSxKxDh = jax.lax.dynamic_update_slice_in_dim(
-        cache_v, v_NxTxKxDh.astype(cache_v.dtype), end, axis=1)
+    keys_NxKxSxDh = jax.lax.dynamic_update_slice_in_dim(
+        cache_k, k_NxTxKxDh.swapaxes(1, 2).astype(cache_k.dtype), end, axis=2)
+    values_NxKxSxDh = jax.lax.dynamic_update_slice_in_dim(
+        cache_v, v_NxTxKxDh.swapaxes(1, 2).astype(cache_v.dtype), end, axis=2)
     slot_S = jnp.arange(cache_mask_NxS.shape[1])
     causal_TxS = slot_S[None, :] <= (end + jnp.arange(t))[:, None]
     allowed_NxTxS = causal_TxS[None] & cache_mask_NxS[:, None, :]
-    scores = jnp.einsum('ntkrd,nskd->nkrts', q_NxTxKxRxDh, keys_NxSxKxDh.astype(cdt),
-                        preferred_element_type=jnp.float32) * (cfg.head_dim ** -0.5)
-    scores = jnp.where(allowed_NxTxS[:, None, None], scores, attention.NEG_INF)
+    keys, values = keys_NxKxSxDh.astype(cdt), values_NxKxSxDh.astype(cdt)
+    if t == 1:
+      # Decoding: N*K matmuls of 1-2 rows each cost more in per-call overhead than their
+      # FLOPs on CPU; a multiply-and-reduce streams the cache once per step instead.
+      q_NxKxRxDh = q_NxTxKxRxDh[:, 0].astype(jnp.float32)
+      scores = jnp.sum(q_NxKxRxDh[:, :, :, None, :] * keys[:, :, None], axis=-1)[:, :, :, None]
+    else:
+      scores = jnp.einsum('ntkrd,nksd->nkrts', q_NxTxKxRxDh, keys,
+                          preferred_element_type=jnp.float32)
+    scores = jnp.where(allowed_NxTxS[:, None, None], scores * cfg.head_dim ** -0.5,
+                       attention.NEG_INF)
     probs = jax.nn.softmax(scores, axis=-1).astype(cdt)
-    out_NxTxKxRxDh = jnp.einsum('nkrts,nskd->ntkrd', probs, values_NxSxKxDh.astype(cdt))
+    if t == 1:
+      out_NxKxRxDh = jnp.sum(probs[:, :, :, 0, :, None] * values[:, :, None], axis=3)
+      out_NxTxKxRxDh = out_NxKxRxDh[:, None].astype(cdt)
+    else:
+      out_NxTxKxRxDh = jnp.einsum('nkrts,nksd->ntkrd', probs, values)
     out_NxTxHxDh = out_NxTxKxRxDh.reshape(n, t, cfg.num_heads, cfg.head_dim)
     y_NxTxD = jnp.einsum('nthk,hkd->ntd', out_NxTxHxDh, self.o[...].astype(cdt))
-    return y_NxTxD, (keys_NxSxKxDh, values_NxSxKxDh)
+    return y_NxTxD, (keys_NxKxSxDh, values_NxKxSxDh)
 
 
 class MLP(nnx.Module):
@@ -233,8 +246,12 @@ class MLP(nnx.Module):
     self.cdt = cfg.compute_dtype
 
   def __call__(self, x_NxTxD):
-    # One matmul for both input projections: stacked on a new axis, each keeps its own
-    # 'mlp' sharding, and the backward sums one product for dx instead of two.
+    if x_NxTxD.shape[1] == 1:  # Decoding: stacking would copy both weights every step.
+      gate_NxTxF = x_NxTxD @ self.gate[...].astype(self.cdt)
+      up_NxTxF = x_NxTxD @ self.up[...].astype(self.cdt)
+      return (jax.nn.silu(gate_NxTxF) * up_NxTxF) @ self.down[...].astype(self.cdt)
+    # Training and prefill: one matmul for both input projections, stacked on a new axis so
+    # each keeps its own 'mlp' sharding; the backward then sums one product for dx, not two.
     w_Dx2xF = jnp.stack([self.gate[...], self.up[...]], axis=1).astype(self.cdt)
     gate_up_NxTx2xF = jnp.einsum('ntd,dcf->ntcf', x_NxTxD, w_Dx2xF)
     hidden_NxTxF = jax.nn.silu(gate_up_NxTx2xF[..., 0, :]) * gate_up_NxTx2xF[..., 1, :]

@@ -4,7 +4,9 @@
   python -m rlreason.main --config experiments/demo.py:0 --workdir /tmp/demo
   python -m experiments.demo_report --config experiments/demo.py:0 --workdir /tmp/demo
 
-Hardware: a 2-core CPU. Runtime: about 5 minutes for the full report.
+Hardware: a 2-core CPU. Runtime: about 8.5 minutes for both commands (measured 2026-12-01).
+Measured: seed 0 goes 0.202 -> 0.942 (SFT-only 0.210, RFT 0.946); seed 3 only 0.170 -> 0.474,
+because its warm start leaves the loss plateau late. The target (>= 0.95 for any seed) is not met.
 
 Task: 5-digit addition written column by column ('8+3 5+0 6+7 8+0 1+8='), answered with one
 (digit, carry) pair per column ('1,1 6,0 3,1 9,0 9,0'). The warm-start teacher drops the

@@ -433,3 +433,8 @@ def train(*, task: GroupTask, difficulties: Sequence[int], estimator: str, group
   return History(eval_steps_E=np.arange(0, steps + 1, eval_every),
                  eval_acc_SxExK=np.stack(accs_S),
                  train={name: np.stack([log[name] for log in logs_S]) for name in logs_S[0]})
+
+
+def rounded(x, digits: int = 2) -> list:
+  """`x` as a (nested) list of floats rounded to `digits`, for printed summaries."""
+  return np.round(np.asarray(x, float), digits).tolist()

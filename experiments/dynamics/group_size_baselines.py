@@ -107,10 +107,6 @@ def figure(results: dict):
   return fig
 
 
-def _rounded(x, digits: int = 2) -> list:
-  return np.round(np.asarray(x, float), digits).tolist()
-
-
 def summary(results: dict) -> str:
   """Final accuracy, tokens used, and mean gradient norm / noise proxy per method."""
   lines = []
@@ -118,7 +114,7 @@ def summary(results: dict) -> str:
     acc_SxE = h.eval_acc_SxExK.mean(-1)
     lines.append(
         f'{name}: accuracy {np.median(acc_SxE[:, 0]):.3f} -> {np.median(acc_SxE[:, -1]):.3f} '
-        f'(seeds {_rounded(acc_SxE[:, -1], 3)}), tokens {h.tokens_T()[-1]:.3g}, '
+        f'(seeds {dynamics_lm.rounded(acc_SxE[:, -1], 3)}), tokens {h.tokens_T()[-1]:.3g}, '
         f'mean grad norm {h.train["grad_norm"].mean():.3g} (max {h.train["grad_norm"].max():.3g}), '
         f'mean noise proxy {h.train["noise"].mean():.3g} '
         f'(relative {np.mean(h.train["noise"] / np.maximum(h.train["signal"], 1e-12)):.3g}), '
@@ -127,7 +123,7 @@ def summary(results: dict) -> str:
 
 
 def main():
-  studies.run_study(__name__, notebook='03_group_size_baselines', helpers=('smooth', '_rounded'),
+  studies.run_study(__name__, notebook='03_group_size_baselines', helpers=('smooth',),
                     dpi=60)
 
 

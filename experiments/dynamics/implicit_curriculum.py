@@ -105,10 +105,6 @@ def figure(results: dict):
   return fig
 
 
-def _rounded(x, digits: int = 2) -> list:
-  return np.round(np.asarray(x, float), digits).tolist()
-
-
 def summary(results: dict) -> str:
   """Final per-k accuracy and the step each k first reaches 0.5, per spectrum (seed median)."""
   lines = [f'chance = {results["chance"]:.3f}']
@@ -116,17 +112,17 @@ def summary(results: dict) -> str:
     med_ExK = np.median(h.eval_acc_SxExK, 0)
     first = [first_step_above(h.eval_steps_E, med_ExK[:, k], 0.5) for k in range(med_ExK.shape[1])]
     lines.append(f'{name} {results["spectra"][name]}: acc after warm start '
-                 f'{_rounded(med_ExK[0])}, final {_rounded(med_ExK[-1])}, '
+                 f'{dynamics_lm.rounded(med_ExK[0])}, final {dynamics_lm.rounded(med_ExK[-1])}, '
                  f'first step >= 0.5 per k {first}')
     per_seed = [[first_step_above(h.eval_steps_E, h.eval_acc_SxExK[s, :, -1], 0.5)
                  for s in range(h.eval_acc_SxExK.shape[0])]]
     lines.append(f'  hardest k per seed: first step >= 0.5 {per_seed[0]}, final '
-                 f'{_rounded(h.eval_acc_SxExK[:, -1, -1])}')
+                 f'{dynamics_lm.rounded(h.eval_acc_SxExK[:, -1, -1])}')
   return '\n'.join(lines)
 
 
 def main():
-  studies.run_study(__name__, notebook='01_implicit_curriculum', helpers=('first_step_above', '_rounded'),
+  studies.run_study(__name__, notebook='01_implicit_curriculum', helpers=('first_step_above',),
                     dpi=70)
 
 

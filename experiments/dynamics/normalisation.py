@@ -122,10 +122,6 @@ def figure(results: dict):
   return fig
 
 
-def _rounded(x, digits: int = 2) -> list:
-  return np.round(np.asarray(x, float), digits).tolist()
-
-
 def summary(results: dict) -> str:
   """Final accuracy, steps to 0.5 / 0.7 mean accuracy, and mean heterogeneity per scheme."""
   lines = []
@@ -133,15 +129,15 @@ def summary(results: dict) -> str:
     acc_SxE = h.eval_acc_SxExK.mean(-1)
     lines.append(
         f'{name}: accuracy {np.median(acc_SxE[:, 0]):.3f} -> {np.median(acc_SxE[:, -1]):.3f} '
-        f'(seeds {_rounded(acc_SxE[:, -1], 3)}), steps to 0.5 {steps_to(h, 0.5)}, '
+        f'(seeds {dynamics_lm.rounded(acc_SxE[:, -1], 3)}), steps to 0.5 {steps_to(h, 0.5)}, '
         f'to 0.7 {steps_to(h, 0.7)}, mean std_cv {h.train["std_cv"].mean():.3f}, '
         f'mean σ_x {h.train["std_mean"].mean():.3f}, '
-        f'final per-k {_rounded(np.median(h.eval_acc_SxExK[:, -1], 0))}')
+        f'final per-k {dynamics_lm.rounded(np.median(h.eval_acc_SxExK[:, -1], 0))}')
   return '\n'.join(lines)
 
 
 def main():
-  studies.run_study(__name__, notebook='04_normalisation', helpers=('block_mean', 'steps_to', '_rounded'),
+  studies.run_study(__name__, notebook='04_normalisation', helpers=('block_mean', 'steps_to'),
                     dpi=70)
 
 

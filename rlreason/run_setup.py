@@ -60,15 +60,21 @@ class Run:
   judge: Any = None  # With config.judge.enabled: a judge.Judge and the RewardComposition
   reward_mix: Any = None  # of its reward with the verifier's.
   prefix_params: Any = None  # With prefix_rollouts.enabled: the older snapshot (mixed_policy).
+  restored: bool = False  # Set by restore_or_init: whether a checkpoint was found.
 
   def restore_or_init(self):
-    """(state, step): the newest restorable checkpoint, or fresh state at step 0."""
+    """(state, step): the newest restorable checkpoint, or fresh state at step 0.
+
+    Sets `self.restored`: a restored step 0 is the finished warm start, not a fresh state.
+    """
+    self.restored = False
     abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                             self._fresh_state(), self.state_shardings)
     restored = self.checkpointer.restore(abstract)
     if restored is None:
       return self._fresh_state(), 0
     step, state, data_state, _ = restored
+    self.restored = True
     if data_state:
       self.data_iter.set_state(data_state)
     logging.info('resumed from step %d in %s', step, self.workdir)

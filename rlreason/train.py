@@ -134,7 +134,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[st
   writer = metrics_lib.Writer(workdir, total_steps=config.rl.steps, every=config.log_every)
   preempt = checkpoint.PreemptionFlag()
   state, start = run.restore_or_init()
-  if start == 0:
+  if not run.restored:  # A restored step 0 already holds the warm start.
     with jax.set_mesh(run.mesh):
       state, sft_metrics = sft_loop(run, state, steps=config.sft.steps, writer=writer)
     eval_metrics = evaluate_policy(run, state.params, run.eval_rng)

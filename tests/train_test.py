@@ -97,6 +97,15 @@ def test_resume_after_preemption_is_bit_exact(tmp_path, monkeypatch):
                               jax.device_get(straight.opt_state))
 
 
+def test_resume_right_after_the_warm_start_does_not_repeat_it(tmp_path):
+  # Stopped after saving step 0 (rl.steps=0 ends there): the resumed run must start RL from
+  # the saved warm start, not run SFT a second time on top of it.
+  straight, _ = train.train(tiny_config(steps=1), str(tmp_path / 'straight'))
+  train.train(tiny_config(steps=0), str(tmp_path / 'resumed'))
+  resumed, _ = train.train(tiny_config(steps=1), str(tmp_path / 'resumed'))
+  chex.assert_trees_all_equal(jax.device_get(resumed.params), jax.device_get(straight.params))
+
+
 def test_sigterm_sets_the_preemption_flag():
   flag = checkpoint.PreemptionFlag()
   try:

@@ -4,9 +4,11 @@
   python -m rlreason.main --config experiments/demo.py:0 --workdir /tmp/demo
   python -m experiments.demo_report --config experiments/demo.py:0 --workdir /tmp/demo
 
-Hardware: a 2-core CPU. Runtime: about 8.5 minutes for both commands (measured 2026-12-01).
-Measured: seed 0 goes 0.202 -> 0.942 (SFT-only 0.210, RFT 0.946); seed 3 only 0.170 -> 0.474,
-because its warm start leaves the loss plateau late. The target (>= 0.95 for any seed) is not met.
+Hardware: a 2-core CPU. Runtime: see the closing note of issue 6 (measured 2026-12-01).
+Measured with this config (seed: initial -> final greedy pass@1 on 500 held-out problems,
+SFT-only, RFT): 12: 0.04 -> 1.00 (main only); 13: 0.218 -> 0.996 (0.148, 0.704);
+14: 0.196 -> 1.000 (0.180, 0.324). With the 2-layer version of it, seeds 1, 3 and 6 reached
+1.00 and seed 12 failed (its SFT stuck at loss 0.2 with digit errors), hence 3 layers.
 
 Task: 5-digit addition written column by column ('8+3 5+0 6+7 8+0 1+8='), answered with one
 (digit, carry) pair per column ('1,1 6,0 3,1 9,0 9,0'). The warm-start teacher drops the
@@ -25,19 +27,25 @@ def get_config(arg: str = ''):
   c.data.difficulty = 5
   c.data.task_options = {'layout': 'columns', 'final_answer': False}
   c.data.prompt_buckets = (20,)
-  c.model.arch = dict(vocab_size=0, hidden_size=128, intermediate_size=384, num_layers=2,
-                      num_heads=4, num_kv_heads=4, head_dim=32, qkv_bias=False, qk_norm=False,
+  # 8 heads of 16 (not 4 of 32) and 3 layers (not 2): over 12 seeds, 4 heads left the SFT
+  # loss plateau (~0.6, the column lookup not yet found) as late as step 700, and 2 layers
+  # sometimes never learned the whole addition table (seed 12).
+  c.model.arch = dict(vocab_size=0, hidden_size=128, intermediate_size=384, num_layers=3,
+                      num_heads=8, num_kv_heads=8, head_dim=16, qkv_bias=False, qk_norm=False,
                       tie_embeddings=False, family='qwen2', rope_theta=10_000.0)
   c.tokenizer.kind = 'chars'
-  c.sft.steps = 1000
+  c.sft.steps = 800
   c.sft.batch_size = 64
   c.sft.lr = 3e-3
   # Clipped: unclipped, a loss spike during the plateau (~0.6) could undo the column
   # alignment before it formed, and SFT then never left the plateau (seen at seed 3).
   c.sft.grad_clip = 1.0
+  # Constant after warmup: a cosine decay froze some seeds (6, 8 of 12 tried) short of the
+  # teacher's loss floor, with half-learned columns that RL then had to repair.
+  c.sft.decay = False
   c.sft.teacher = 'rlreason.tasks.arithmetic:flawed_solution'
   c.sft.teacher_options = {'drop_carry_prob': 0.75}
-  c.rl.steps = 60
+  c.rl.steps = 80
   c.rl.prompts_per_step = 16
   c.rl.group_size = 8
   c.rl.max_new_tokens = 20

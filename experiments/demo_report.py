@@ -32,7 +32,10 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'The workdir of the finished run
 flags.mark_flags_as_required(['workdir'])
 
 
-def rft_solutions(run, params, rng_key):
+RFT_SAMPLES = 2  # Per prompt: sampling is most of the report's time and scales with this.
+
+
+def rft_solutions(run, params, rng_key, samples: int = RFT_SAMPLES):
   """A solution function for sft_loop: one verified sample per prompt, or None."""
   calls = [0]
 
@@ -40,34 +43,33 @@ def rft_solutions(run, params, rng_key):
     del np_rng
     calls[0] += 1
     rollout = sampler.generate(
-        params, encode_prompts(run, examples), cfg=run.cfg, group_size=4,
+        params, encode_prompts(run, examples), cfg=run.cfg, group_size=samples,
         max_new_tokens=run.config.rl.max_new_tokens, temperature=1.0,
         stop_tokens=tuple(run.tok.eos_ids), pad_id=run.pad_id,
         rng=jax.random.fold_in(rng_key, calls[0]))
     texts = decode_completions(run, rollout)
-    items = [{'completion': t, 'answer': examples[n // 4].answer, **examples[n // 4].meta}
-             for n, t in enumerate(texts)]
+    items = [{'completion': t, 'answer': examples[n // samples].answer,
+              **examples[n // samples].meta} for n, t in enumerate(texts)]
     verdicts = run.pool.score(items, verifier=run.config.verifier.name,
                               deadline_s=run.config.verifier.deadline_s)
     out = [None] * len(examples)
     for n, v in enumerate(verdicts):
-      if v.status == 'correct' and out[n // 4] is None:
-        out[n // 4] = texts[n]
+      if v.status == 'correct' and out[n // samples] is None:
+        out[n // samples] = texts[n]
     return out
 
   return solutions
 
 
 def baseline_curve(run, state, *, total_steps, points, solutions=None, seed_offset):
-  """Held-out accuracy after 0, total/points, ... total extra SFT steps."""
-  accuracies, steps_done = [train.evaluate_policy(run, state.params, run.eval_rng)], 0
-  for k in range(1, points + 1):
-    target = total_steps * k // points
-    state, _ = sft_loop(run, state, steps=target - steps_done, solutions=solutions,
-                        seed_offset=seed_offset + k)
-    steps_done = target
-    accuracies.append(train.evaluate_policy(run, state.params, run.eval_rng))
-  return [a['eval/pass@1'] for a in accuracies]
+  """(steps done, held-out accuracy) at 0, total/points, ... total extra SFT steps: one
+  continuous SFT run (one optimizer state, one compilation), evaluated along the way."""
+  curve = [(0, train.evaluate_policy(run, state.params, run.eval_rng)['eval/pass@1'])]
+  record = lambda done, params: curve.append(
+      (done, train.evaluate_policy(run, params, run.eval_rng)['eval/pass@1']))
+  sft_loop(run, state, steps=total_steps, solutions=solutions, seed_offset=seed_offset,
+           every=max(total_steps // points, 1), on_every=record)
+  return curve
 
 
 def main(argv):
@@ -93,22 +95,23 @@ def main(argv):
   sft_steps = max(total_sequences // config.sft.batch_size, 1)
   points = 3
   with jax.set_mesh(run.mesh):
-    sft_y = baseline_curve(run, sft_state, total_steps=sft_steps, points=points,
-                           seed_offset=1000)
-    rft_y = baseline_curve(run, sft_state, total_steps=sft_steps, points=points,
-                           seed_offset=2000,
-                           solutions=rft_solutions(run, sft_state.params,
-                                                   jax.random.key(config.seed + 17)))
+    sft_curve = baseline_curve(run, sft_state, total_steps=sft_steps, points=points,
+                               seed_offset=1000)
+    rft_curve = baseline_curve(run, sft_state, total_steps=sft_steps, points=points,
+                               seed_offset=2000,
+                               solutions=rft_solutions(run, sft_state.params,
+                                                       jax.random.key(config.seed + 17)))
   run.close()
-  base_x = [total_sequences * k // points for k in range(points + 1)]
+  seqs = lambda curve: [done * config.sft.batch_size for done, _ in curve]
+  sft_y, rft_y = [a for _, a in sft_curve], [a for _, a in rft_curve]
 
   import matplotlib
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(6.4, 4.2))
   ax.plot(rl_x, rl_y, 'o-', label=f'GRPO ({config.objective.policy_loss})')
-  ax.plot(base_x, sft_y, 's--', label='SFT-only continuation (flawed teacher)')
-  ax.plot(base_x, rft_y, '^:', label='rejection-sampling fine-tuning (verifier-filtered)')
+  ax.plot(seqs(sft_curve), sft_y, 's--', label='SFT-only continuation (flawed teacher)')
+  ax.plot(seqs(rft_curve), rft_y, '^:', label='rejection-sampling fine-tuning (verifier-filtered)')
   ax.set_xlabel('extra training sequences after the SFT warm start')
   ax.set_ylabel(f'greedy pass@1 on {len(run.eval_examples)} held-out problems')
   ax.set_ylim(-0.02, 1.02)

@@ -306,8 +306,12 @@ def sft_batch(run: Run, examples, solutions, length: int):
   return jnp.asarray(tokens), jnp.asarray(loss_mask)
 
 
-def sft_loop(run: Run, state, *, steps: int, writer=None, solutions=None, seed_offset: int = 0):
+def sft_loop(run: Run, state, *, steps: int, writer=None, solutions=None, seed_offset: int = 0,
+             every: int = 0, on_every: Callable | None = None):
   """Supervised next-token training on teacher solutions; returns (state, metrics).
+
+  `on_every(steps_done, params)` runs after every `every` steps and after the last one
+  (the baselines' learning curves), with params in the training layout.
 
   `solutions(examples, rng) -> list[str | None]` overrides the configured teacher (rejection
   sampling fine-tuning passes verified samples); rows whose solution is None are skipped.
@@ -345,6 +349,8 @@ def sft_loop(run: Run, state, *, steps: int, writer=None, solutions=None, seed_o
     if writer is not None and (i % 50 == 0 or i == steps - 1):
       host = writer.write(i - steps, metrics, prefix='sft/')
       writer.progress(i + 1, host, keys=('sft/loss',), label=f'sft {i + 1}/{steps}')
+    if on_every is not None and every and ((i + 1) % every == 0 or i == steps - 1):
+      on_every(i + 1, jax.device_put(sft_state.params, run.state_shardings.params))
   # Back in the training layout: the SFT step's outputs carry whatever shardings XLA chose,
   # and a state in another layout would compile the RL train step a second time.
   state = state.replace(params=jax.device_put(sft_state.params, run.state_shardings.params))

@@ -178,3 +178,20 @@ def test_every_experiment_config_runs_a_step_with_runlocal(name, tmp_path):
   c.rl.steps = 1
   _, eval_metrics = train.train(c, str(tmp_path))
   assert 0.0 <= eval_metrics['eval/pass@1'] <= 1.0
+
+
+def test_demo_report_runs_the_baselines_and_plots(tmp_path):
+  import subprocess
+  import sys
+  c = importlib.import_module('experiments.demo').get_config('runlocal')
+  train.train(c, str(tmp_path))
+  root = pathlib.Path(__file__).resolve().parents[1]
+  out = subprocess.run(
+      [sys.executable, '-m', 'experiments.demo_report', '--config',
+       str(root / 'experiments' / 'demo.py') + ':runlocal', '--workdir', str(tmp_path)],
+      cwd=root, capture_output=True, text=True, timeout=600, check=True).stdout
+  values = dict(line.split('=', 1) for line in out.splitlines() if '=' in line and ' ' not in line)
+  for key in ('initial_accuracy', 'final_accuracy', 'sft_only_accuracy', 'rft_accuracy'):
+    assert 0.0 <= float(values[key]) <= 1.0, key
+  assert values['demo_targets_met'] in ('0', '1')
+  assert (tmp_path / 'learning_curves.png').stat().st_size > 0

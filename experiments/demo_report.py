@@ -67,8 +67,9 @@ def baseline_curve(run, state, *, total_steps, points, solutions=None, seed_offs
   curve = [(0, train.evaluate_policy(run, state.params, run.eval_rng)['eval/pass@1'])]
   record = lambda done, params: curve.append(
       (done, train.evaluate_policy(run, params, run.eval_rng)['eval/pass@1']))
+  # Rounded up, so that no curve point falls a step or two before the end of the run.
   sft_loop(run, state, steps=total_steps, solutions=solutions, seed_offset=seed_offset,
-           every=max(total_steps // points, 1), on_every=record)
+           every=max(-(-total_steps // points), 1), on_every=record)
   return curve
 
 

@@ -5,10 +5,10 @@
   python -m experiments.demo_report --config experiments/demo.py:0 --workdir /tmp/demo
 
 Hardware: a 2-core CPU. Runtime (measured 2026-12-01, seed 15, fresh clone, warm pip cache):
-install + rlreason.main ~7.2 min, demo_report ~6.5 min: ~13.5 min, over the 10-minute target.
+install + rlreason.main ~7.2 min, demo_report 4.4 min: ~11.6 min, over the 10-minute target.
 Measured (seed: greedy pass@1 on 500 held-out problems after SFT -> after GRPO; SFT-only
 continuation, RFT), this config: 13: 0.218 -> 0.996 (0.148, 0.704); 14: 0.196 -> 1.000
-(0.180, 0.324); 15: 0.206 -> 0.958 (0.208, 0.842). Earlier variants: 3 layers with 600 SFT /
+(0.180, 0.324); 15: 0.206 -> 0.958 (0.208, 0.948). Earlier variants: 3 layers with 600 SFT /
 60 RL steps, seed 12: 0.22 -> 1.00; 2 layers, 600 / 60, seeds 3 and 6: 0.238 -> 1.00 and
 0.216 -> 1.00 (SFT-only 0.238, 0.172), but seed 12 failed there (0.04 -> 0.06: its SFT
 stuck at loss 0.2 with digit errors).

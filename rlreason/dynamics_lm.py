@@ -170,9 +170,12 @@ def decode(params, tokens_NxP, key, *, cfg: model.ModelConfig, steps: int,
   tok_N = pick(logits_NxPxV[:, -1], 0)
   out_NxL = jnp.zeros((n, steps), jnp.int32).at[:, 0].set(tok_N)
 
+  rope_table = model.rope_table(cfg, p + steps)
+
   def body(l, carry):
     cache, tok_N, out_NxL = carry
-    logits_Nx1xV, cache = model.apply(params, tok_N[:, None], cfg=cfg, cache=cache)
+    logits_Nx1xV, cache = model.apply(params, tok_N[:, None], cfg=cfg, cache=cache,
+                                      rope_table=rope_table)
     tok_N = pick(logits_Nx1xV[:, 0], l)
     return cache, tok_N, out_NxL.at[:, l].set(tok_N)
 

@@ -86,8 +86,11 @@ class ModelConfig:
 class KVCache:
   """Keys and values of every layer, written slot by slot.
 
-  keys, values: one NxKxSxDh array per layer, head-major as the attention matmuls read them
-  (a slot-major cache is transposed whole at every decode step). mask_NxS: the slot holds a real token
+  keys: one NxKxDhxS array per layer, values: one NxKxSxDh array per layer. Both put the
+  contracted axis second to last, as a matmul reads it: q . k contracts Dh, p . v contracts S.
+  With keys stored NxKxSxDh, the decode step's scores reduce over the minor Dh axis and XLA:CPU
+  runs that 3-4x slower than reading the cache costs (measured on the sampler benchmark's
+  shapes). mask_NxS: the slot holds a real token
   (left padding and unused slots are False). end: the next slot to write, shared by
   all rows. pos_N: each row's next RoPE position (its count of real tokens so far).
   """
@@ -105,9 +108,9 @@ class KVCache:
 def init_cache(cfg: ModelConfig, batch: int, size: int, dtype=None) -> KVCache:
   """An empty cache of `size` slots for `batch` rows (dtype defaults to compute dtype)."""
   dtype = dtype or cfg.compute_dtype
-  shape = (batch, cfg.num_kv_heads, size, cfg.head_dim)
-  zeros = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
-  return KVCache(keys=zeros(), values=zeros(), mask_NxS=jnp.zeros((batch, size), bool),
+  n, k, dh = batch, cfg.num_kv_heads, cfg.head_dim
+  zeros = lambda shape: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
+  return KVCache(keys=zeros((n, k, dh, size)), values=zeros((n, k, size, dh)), mask_NxS=jnp.zeros((batch, size), bool),
                  end=jnp.zeros((), jnp.int32), pos_N=jnp.zeros((batch,), jnp.int32))
 
 
@@ -155,13 +158,33 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
   return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
-def apply_rope(x_NxTxHxDh, positions_NxT, inv_freq):
-  """Rotate-half RoPE (the HF layout: first and second halves of head_dim pair up)."""
+def rope_tables(positions_NxT, inv_freq):
+  """cos and sin of every position's angles, NxTx(Dh/2) each, shared by all layers."""
   angles = positions_NxT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
-  cos = jnp.cos(angles)[:, :, None, :].astype(x_NxTxHxDh.dtype)
-  sin = jnp.sin(angles)[:, :, None, :].astype(x_NxTxHxDh.dtype)
+  return jnp.cos(angles), jnp.sin(angles)
+
+
+def rope_table(cfg: ModelConfig, size: int):
+  """`rope_tables` of positions [0, size), SxDh/2 each, for `apply(rope_table=...)`.
+
+  A decode loop computes it once before the loop and gathers one row per step. Computed
+  inside the step instead, XLA fuses cos and sin into every consumer, so they are evaluated
+  again per layer, per head and per use: 0.3 ms a layer in the mid sampler benchmark's
+  decode step on CPU (64 rows).
+  """
+  return rope_tables(jnp.arange(size)[None], rope_inv_freq(cfg))
+
+
+def rotate(x_NxTxHxDh, cos_sin):
+  """Rotate-half RoPE (the HF layout: first and second halves of head_dim pair up)."""
+  cos, sin = (c[:, :, None, :].astype(x_NxTxHxDh.dtype) for c in cos_sin)
   x1, x2 = jnp.split(x_NxTxHxDh, 2, axis=-1)
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def apply_rope(x_NxTxHxDh, positions_NxT, inv_freq):
+  """RoPE at the given positions: `rotate` with freshly computed tables."""
+  return rotate(x_NxTxHxDh, rope_tables(positions_NxT, inv_freq))
 
 
 class Attention(nnx.Module):
@@ -181,7 +204,8 @@ class Attention(nnx.Module):
       self.k_norm = RMSNorm(dh, cfg.rms_norm_eps, pdt, rngs, axes=('head_dim',))
     self.cfg = cfg
 
-  def __call__(self, x_NxTxD, positions_NxT, mask_NxT, layer_cache):
+  def __call__(self, x_NxTxD, rope, mask_NxT, layer_cache):
+    """rope: the (cos, sin) tables of this call's positions (`rope_tables`)."""
     cfg, cdt = self.cfg, self.cfg.compute_dtype
     proj = lambda w, eq: jnp.einsum(eq, x_NxTxD, w[...].astype(cdt))
     q_NxTxHxDh = proj(self.q, 'ntd,dhk->nthk')
@@ -193,9 +217,7 @@ class Attention(nnx.Module):
       v_NxTxKxDh += self.v_bias[...].astype(cdt)
     if cfg.qk_norm:
       q_NxTxHxDh, k_NxTxKxDh = self.q_norm(q_NxTxHxDh), self.k_norm(k_NxTxKxDh)
-    inv_freq = rope_inv_freq(cfg)
-    q_NxTxHxDh = apply_rope(q_NxTxHxDh, positions_NxT, inv_freq)
-    k_NxTxKxDh = apply_rope(k_NxTxKxDh, positions_NxT, inv_freq)
+    q_NxTxHxDh, k_NxTxKxDh = rotate(q_NxTxHxDh, rope), rotate(k_NxTxKxDh, rope)
 
     n, t, k = x_NxTxD.shape[0], x_NxTxD.shape[1], cfg.num_kv_heads
     q_NxTxKxRxDh = q_NxTxHxDh.reshape(n, t, k, cfg.num_heads // k, cfg.head_dim)
@@ -207,33 +229,29 @@ class Attention(nnx.Module):
 
     # Write this call's keys at slots [end, end + T), attend to every valid slot <= own.
     cache_k, cache_v, cache_mask_NxS, end = layer_cache
-    keys_NxKxSxDh = jax.lax.dynamic_update_slice_in_dim(
-        cache_k, k_NxTxKxDh.swapaxes(1, 2).astype(cache_k.dtype), end, axis=2)
+    keys_NxKxDhxS = jax.lax.dynamic_update_slice_in_dim(
+        cache_k, k_NxTxKxDh.transpose(0, 2, 3, 1).astype(cache_k.dtype), end, axis=3)
     values_NxKxSxDh = jax.lax.dynamic_update_slice_in_dim(
         cache_v, v_NxTxKxDh.swapaxes(1, 2).astype(cache_v.dtype), end, axis=2)
     slot_S = jnp.arange(cache_mask_NxS.shape[1])
     causal_TxS = slot_S[None, :] <= (end + jnp.arange(t))[:, None]
     allowed_NxTxS = causal_TxS[None] & cache_mask_NxS[:, None, :]
-    keys, values = keys_NxKxSxDh.astype(cdt), values_NxKxSxDh.astype(cdt)
-    if t == 1:
-      # Decoding: N*K matmuls of 1-2 rows each cost more in per-call overhead than their
-      # FLOPs on CPU; a multiply-and-reduce streams the cache once per step instead.
-      q_NxKxRxDh = q_NxTxKxRxDh[:, 0].astype(jnp.float32)
-      scores = jnp.sum(q_NxKxRxDh[:, :, :, None, :] * keys[:, :, None], axis=-1)[:, :, :, None]
-    else:
-      scores = jnp.einsum('ntkrd,nksd->nkrts', q_NxTxKxRxDh, keys,
-                          preferred_element_type=jnp.float32)
-    scores = jnp.where(allowed_NxTxS[:, None, None], scores * cfg.head_dim ** -0.5,
-                       attention.NEG_INF)
+    keys, values = keys_NxKxDhxS.astype(cdt), values_NxKxSxDh.astype(cdt)
+    # Decoding (T = 1) drops the T axis: with it XLA:CPU runs the two contractions as
+    # batched matmuls of 1-2 rows (~4x slower on the sampler benchmark), without it as fused
+    # multiply-reduces that stream the cache once.
+    q_eq, p_eq = ('nkrd,nkds->nkrs', 'nkrs,nksd->nkrd') if t == 1 else (
+        'ntkrd,nkds->nkrts', 'nkrts,nksd->ntkrd')
+    q_in = q_NxTxKxRxDh[:, 0] if t == 1 else q_NxTxKxRxDh
+    scores = jnp.einsum(q_eq, q_in, keys, preferred_element_type=jnp.float32)
+    allowed = allowed_NxTxS[:, 0, None, None] if t == 1 else allowed_NxTxS[:, None, None]
+    scores = jnp.where(allowed, scores * cfg.head_dim ** -0.5, attention.NEG_INF)
     probs = jax.nn.softmax(scores, axis=-1).astype(cdt)
-    if t == 1:
-      out_NxKxRxDh = jnp.sum(probs[:, :, :, 0, :, None] * values[:, :, None], axis=3)
-      out_NxTxKxRxDh = out_NxKxRxDh[:, None].astype(cdt)
-    else:
-      out_NxTxKxRxDh = jnp.einsum('nkrts,nksd->ntkrd', probs, values)
+    out = jnp.einsum(p_eq, probs, values)
+    out_NxTxKxRxDh = out[:, None] if t == 1 else out
     out_NxTxHxDh = out_NxTxKxRxDh.reshape(n, t, cfg.num_heads, cfg.head_dim)
     y_NxTxD = jnp.einsum('nthk,hkd->ntd', out_NxTxHxDh, self.o[...].astype(cdt))
-    return y_NxTxD, (keys_NxKxSxDh, values_NxKxSxDh)
+    return y_NxTxD, (keys_NxKxDhxS, values_NxKxSxDh)
 
 
 class MLP(nnx.Module):
@@ -266,8 +284,8 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype, rngs)
     self.mlp = MLP(cfg, rngs)
 
-  def __call__(self, x_NxTxD, positions_NxT, mask_NxT, layer_cache):
-    y_NxTxD, new_kv = self.attn(self.attn_norm(x_NxTxD), positions_NxT, mask_NxT, layer_cache)
+  def __call__(self, x_NxTxD, rope, mask_NxT, layer_cache):
+    y_NxTxD, new_kv = self.attn(self.attn_norm(x_NxTxD), rope, mask_NxT, layer_cache)
     x_NxTxD = x_NxTxD + y_NxTxD
     return x_NxTxD + self.mlp(self.mlp_norm(x_NxTxD)), new_kv
 
@@ -283,7 +301,7 @@ class Transformer(nnx.Module):
       self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ('embed', 'vocab'),
                             cfg.param_dtype)
 
-  def hidden(self, tokens_NxT, positions_NxT, mask_NxT, cache: KVCache | None):
+  def hidden(self, tokens_NxT, rope, mask_NxT, cache: KVCache | None):
     cfg = self.cfg
     x_NxTxD = jnp.take(self.embed[...], tokens_NxT, axis=0).astype(cfg.compute_dtype)
     block_call = lambda block, *args: block(*args)
@@ -298,8 +316,7 @@ class Transformer(nnx.Module):
     for i in range(cfg.num_layers):
       layer_cache = None if cache is None else (
           cache.keys[i], cache.values[i], cache_mask_NxS, cache.end)
-      x_NxTxD, new_kv = block_call(self.layers[str(i)], x_NxTxD, positions_NxT, mask_NxT,
-                                   layer_cache)
+      x_NxTxD, new_kv = block_call(self.layers[str(i)], x_NxTxD, rope, mask_NxT, layer_cache)
       if new_kv is not None:
         new_keys.append(new_kv[0])
         new_values.append(new_kv[1])
@@ -345,7 +362,7 @@ def default_positions(mask_NxT, cache: KVCache | None = None):
 
 
 def apply(params: Params, tokens_NxT, *, cfg: ModelConfig, mask_NxT=None, positions_NxT=None,
-          cache: KVCache | None = None, return_hidden: bool = False):
+          cache: KVCache | None = None, return_hidden: bool = False, rope_table=None):
   """Runs the transformer on T new tokens per row.
 
   Args:
@@ -358,6 +375,8 @@ def apply(params: Params, tokens_NxT, *, cfg: ModelConfig, mask_NxT=None, positi
       [cache.end, cache.end + T) and attend to every valid earlier slot.
     return_hidden: return the final-norm hidden states (NxTxD) instead of logits, for
       losses that project to the vocabulary chunk by chunk (see `logits_from_hidden`).
+    rope_table: `rope_table(cfg, size)` with size above every position, to gather RoPE's
+      cos and sin rather than compute them (for loops that call `apply` many times).
 
   Returns:
     (logits_NxTxV in fp32, or hidden_NxTxD; the updated cache or None).
@@ -367,8 +386,12 @@ def apply(params: Params, tokens_NxT, *, cfg: ModelConfig, mask_NxT=None, positi
   mask_NxT = mask_NxT.astype(bool)
   if positions_NxT is None:
     positions_NxT = default_positions(mask_NxT, cache)
+  if rope_table is None:
+    rope = rope_tables(positions_NxT, rope_inv_freq(cfg))
+  else:
+    rope = tuple(jnp.take(t[0], positions_NxT, axis=0) for t in rope_table)
   model = _merge(params, cfg)
-  h_NxTxD, keys, values = model.hidden(tokens_NxT, positions_NxT, mask_NxT, cache)
+  h_NxTxD, keys, values = model.hidden(tokens_NxT, rope, mask_NxT, cache)
   new_cache = None
   if cache is not None:
     t = tokens_NxT.shape[1]

@@ -312,6 +312,7 @@ def _generate(params, prompts, prefixes, temperature, rng, *, cfg, group_size, m
     logits_NxV = jnp.where((q_N > 0)[:, None], logits_after_NxV, logits_NxV)
 
   stop_S = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
+  rope_table = model.rope_table(cfg, size)  # Positions never reach `size` (slots >= tokens).
   # Sampled columns are written as rows of MxN buffers (one contiguous row per step) and moved
   # to each row's column q_N + i once, after the loop.
   outs = (jnp.full((max_new_tokens, n), pad_id, jnp.int32),
@@ -338,7 +339,7 @@ def _generate(params, prompts, prefixes, temperature, rng, *, cfg, group_size, m
     tok_N, active_N, done_N, sampled_N, outs = sample(i, logits_NxV, done_N, sampled_N, outs)
     # Finished rows feed a masked token: their cache slot stays invalid, positions frozen.
     logits, cache = model.apply(params, tok_N[:, None], cfg=cfg, mask_NxT=active_N[:, None],
-                                cache=cache)
+                                cache=cache, rope_table=rope_table)
     return i + 1, cache, done_N, on_rows(logits[:, 0]), sampled_N, outs
 
   state = (jnp.int32(0), cache, jnp.zeros((n,), bool), logits_NxV, jnp.zeros((n,), jnp.int32),

@@ -86,13 +86,13 @@ class ModelConfig:
 class KVCache:
   """Keys and values of every layer, written slot by slot.
 
-  keys: one NxKxDhxS array per layer, values: one NxKxSxDh array per layer. Both put the
+  keys: one NxKxDhxS array per layer; values: one NxKxSxDh array per layer. Both put the
   contracted axis second to last, as a matmul reads it: q . k contracts Dh, p . v contracts S.
-  With keys stored NxKxSxDh, the decode step's scores reduce over the minor Dh axis and XLA:CPU
-  runs that 3-4x slower than reading the cache costs (measured on the sampler benchmark's
-  shapes). mask_NxS: the slot holds a real token
-  (left padding and unused slots are False). end: the next slot to write, shared by
-  all rows. pos_N: each row's next RoPE position (its count of real tokens so far).
+  Stored NxKxSxDh, keys make the decode step's scores reduce over the minor Dh axis, which
+  XLA:CPU runs 3-4x slower (the sampler benchmark's shapes; ~8x with the demo's Dh = 16).
+  mask_NxS: the slot holds a real token (left padding and unused slots are False). end: the
+  next slot to write, shared by all rows. pos_N: each row's next RoPE position (its count of
+  real tokens so far).
   """
   keys: tuple[jax.Array, ...]
   values: tuple[jax.Array, ...]
@@ -110,8 +110,9 @@ def init_cache(cfg: ModelConfig, batch: int, size: int, dtype=None) -> KVCache:
   dtype = dtype or cfg.compute_dtype
   n, k, dh = batch, cfg.num_kv_heads, cfg.head_dim
   zeros = lambda shape: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
-  return KVCache(keys=zeros((n, k, dh, size)), values=zeros((n, k, size, dh)), mask_NxS=jnp.zeros((batch, size), bool),
-                 end=jnp.zeros((), jnp.int32), pos_N=jnp.zeros((batch,), jnp.int32))
+  return KVCache(keys=zeros((n, k, dh, size)), values=zeros((n, k, size, dh)),
+                 mask_NxS=jnp.zeros((batch, size), bool), end=jnp.zeros((), jnp.int32),
+                 pos_N=jnp.zeros((batch,), jnp.int32))
 
 
 # ----------------------------------------------------------------------------- layers

@@ -390,7 +390,8 @@ def apply(params: Params, tokens_NxT, *, cfg: ModelConfig, mask_NxT=None, positi
   if rope_table is None:
     rope = rope_tables(positions_NxT, rope_inv_freq(cfg))
   else:
-    rope = tuple(jnp.take(t[0], positions_NxT, axis=0) for t in rope_table)
+    # Clipped: left padding has position -1 (its keys are never attended to).
+    rope = tuple(jnp.take(t[0], positions_NxT, axis=0, mode='clip') for t in rope_table)
   model = _merge(params, cfg)
   h_NxTxD, keys, values = model.hidden(tokens_NxT, rope, mask_NxT, cache)
   new_cache = None

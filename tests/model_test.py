@@ -55,6 +55,32 @@ class ModelTest(chex.TestCase):
                                atol=1e-5, rtol=1e-5)
 
 
+def test_decode_with_a_rope_table_equals_computed_rope(params):
+  # The sampler gathers RoPE's cos/sin from a table built once; left padding makes the two
+  # rows' positions differ from their slots.
+  tokens = _tokens(2, 9)
+  mask = jnp.array([[False] * 2 + [True] * 5, [True] * 7])
+  table = model.rope_table(CFG, 12)
+  outs = {}
+  for name, rope_table in (('computed', None), ('table', table)):
+    cache = model.init_cache(CFG, 2, 12)
+    _, cache = model.apply(params, tokens[:, :7], cfg=CFG, mask_NxT=mask, cache=cache,
+                           rope_table=rope_table)
+    steps = []
+    for i in (7, 8):
+      logits, cache = model.apply(params, tokens[:, i:i + 1], cfg=CFG, cache=cache,
+                                  rope_table=rope_table)
+      steps.append(logits)
+    # Keys of real slots only: a pad slot's key is never attended to.
+    outs[name] = (jnp.concatenate(steps, 1), jnp.where(cache.mask_NxS[:, None, None],
+                                                       cache.keys[1], 0.0))
+  np.testing.assert_allclose(outs['table'][0], outs['computed'][0], atol=1e-6, rtol=1e-6)
+  np.testing.assert_allclose(outs['table'][1], outs['computed'][1], atol=1e-6, rtol=1e-6)
+  # And both equal the plain forward of each row's real tokens.
+  row0 = _forward(params, tokens[:1, 2:])
+  np.testing.assert_allclose(outs['table'][0][0], row0[0, -2:], atol=1e-5, rtol=1e-5)
+
+
 def test_left_padding_does_not_change_real_logits(params):
   tokens = _tokens(1, 6)
   padded = jnp.concatenate([jnp.zeros((1, 4), tokens.dtype), tokens], axis=1)

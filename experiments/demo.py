@@ -4,16 +4,17 @@
   python -m rlreason.main --config experiments/demo.py:0 --workdir /tmp/demo
   python -m experiments.demo_report --config experiments/demo.py:0 --workdir /tmp/demo
 
-Hardware: a 2-core CPU. Runtime (measured 2026-12-01, seed 21, nothing else running):
-rlreason.main 261 s, demo_report 127 s, plus ~1 min to install into a fresh venv from a warm
-pip cache: ~7.5 min of the 10-minute target.
+Hardware: a 2-core CPU. Runtime (measured 2026-12-01, nothing else running): `make demo
+SEED=23` on a fresh clone, venv and install included (warm pip cache), 472 s; of which
+rlreason.main ~260 s and demo_report ~130 s (seeds 21, 22).
 Measured (seed: greedy pass@1 on 500 held-out problems after SFT -> after GRPO; SFT-only
 continuation, RFT), this config (GRPO lr 2e-4): 13: 0.218 -> 1.000; 14: 0.196 -> 1.000;
 15: 0.206 -> 1.000 (these three RL-only from their warm starts); 21: 0.208 -> 1.000 (0.208,
-1.000); 22: 0.190 -> 1.000 (0.190, 1.000). With lr 1e-4, seed 15 stopped at 0.958 from step 40 on: its policy's entropy had
-collapsed to ~0.002 nats/token with 4% of problems wrong in one way (a carry emitted where the
-column sums to 9), so their groups were all wrong and gave no gradient; at 2e-4 the flaw is
-fixed before the collapse. Earlier variants: 2 layers with 600 SFT / 60 RL steps failed on
+1.000); 22: 0.190 -> 1.000 (0.190, 1.000); 23: 0.222 -> 1.000 (0.188, 0.862). With lr
+1e-4, seed 15 stopped at 0.958 from step 40 on: its policy's entropy had collapsed to ~0.002
+nats/token with 4% of problems wrong in one way (a carry emitted where the column sums to 9),
+so their groups were all wrong and gave no gradient; at 2e-4 the flaw is fixed before the
+collapse. Earlier variants: 2 layers with 600 SFT / 60 RL steps failed on
 seed 12 (0.04 -> 0.06: its SFT stuck at loss 0.2 with digit errors).
 
 Task: 5-digit addition written column by column ('8+3 5+0 6+7 8+0 1+8='), answered with one

@@ -159,21 +159,21 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
   return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
-def rope_tables(positions_NxT, inv_freq):
+def rope_cos_sin(positions_NxT, inv_freq):
   """cos and sin of every position's angles, NxTx(Dh/2) each (any leading shape)."""
   angles = positions_NxT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
   return jnp.cos(angles), jnp.sin(angles)
 
 
 def rope_table(cfg: ModelConfig, size: int):
-  """`rope_tables` of positions [0, size), SxDh/2 each, for `apply(rope_table=...)`.
+  """`rope_cos_sin` of positions [0, size), SxDh/2 each, for `apply(rope_table=...)`.
 
   A decode loop computes it once before the loop and gathers one row per step. Computed
   inside the step instead, XLA fuses cos and sin into every consumer, so they are evaluated
   again per layer, per head and per use: 0.3 ms a layer in the mid sampler benchmark's
   decode step on CPU (64 rows).
   """
-  return rope_tables(jnp.arange(size), rope_inv_freq(cfg))
+  return rope_cos_sin(jnp.arange(size), rope_inv_freq(cfg))
 
 
 def rotate(x_NxTxHxDh, cos_sin):
@@ -185,7 +185,7 @@ def rotate(x_NxTxHxDh, cos_sin):
 
 def apply_rope(x_NxTxHxDh, positions_NxT, inv_freq):
   """RoPE at the given positions: `rotate` with freshly computed tables."""
-  return rotate(x_NxTxHxDh, rope_tables(positions_NxT, inv_freq))
+  return rotate(x_NxTxHxDh, rope_cos_sin(positions_NxT, inv_freq))
 
 
 class Attention(nnx.Module):
@@ -206,7 +206,7 @@ class Attention(nnx.Module):
     self.cfg = cfg
 
   def __call__(self, x_NxTxD, rope, mask_NxT, layer_cache):
-    """rope: the (cos, sin) tables of this call's positions (`rope_tables`)."""
+    """rope: the (cos, sin) tables of this call's positions (`rope_cos_sin`)."""
     cfg, cdt = self.cfg, self.cfg.compute_dtype
     proj = lambda w, eq: jnp.einsum(eq, x_NxTxD, w[...].astype(cdt))
     q_NxTxHxDh = proj(self.q, 'ntd,dhk->nthk')
@@ -238,18 +238,22 @@ class Attention(nnx.Module):
     causal_TxS = slot_S[None, :] <= (end + jnp.arange(t))[:, None]
     allowed_NxTxS = causal_TxS[None] & cache_mask_NxS[:, None, :]
     keys, values = keys_NxKxDhxS.astype(cdt), values_NxKxSxDh.astype(cdt)
-    # Decoding (T = 1) drops the T axis: with it XLA:CPU runs the two contractions as
-    # batched matmuls of 1-2 rows (~4x slower on the sampler benchmark), without it as fused
-    # multiply-reduces that stream the cache once.
-    q_eq, p_eq = ('nkrd,nkds->nkrs', 'nkrs,nksd->nkrd') if t == 1 else (
-        'ntkrd,nkds->nkrts', 'nkrts,nksd->ntkrd')
-    q_in = q_NxTxKxRxDh[:, 0] if t == 1 else q_NxTxKxRxDh
-    scores = jnp.einsum(q_eq, q_in, keys, preferred_element_type=jnp.float32)
-    allowed = allowed_NxTxS[:, 0, None, None] if t == 1 else allowed_NxTxS[:, None, None]
-    scores = jnp.where(allowed, scores * cfg.head_dim ** -0.5, attention.NEG_INF)
+    if t == 1:
+      # Decoding: contracted without the T axis. With it, XLA:CPU runs both contractions as
+      # batched matmuls of 1-2 rows (~4x slower on the sampler benchmark); without it, as
+      # fused multiply-reduces that stream the cache once.
+      scores = jnp.einsum('nkrd,nkds->nkrs', q_NxTxKxRxDh[:, 0], keys,
+                          preferred_element_type=jnp.float32)[:, :, :, None]
+    else:
+      scores = jnp.einsum('ntkrd,nkds->nkrts', q_NxTxKxRxDh, keys,
+                          preferred_element_type=jnp.float32)
+    scores = jnp.where(allowed_NxTxS[:, None, None], scores * cfg.head_dim ** -0.5,
+                       attention.NEG_INF)
     probs = jax.nn.softmax(scores, axis=-1).astype(cdt)
-    out = jnp.einsum(p_eq, probs, values)
-    out_NxTxKxRxDh = out[:, None] if t == 1 else out
+    if t == 1:
+      out_NxTxKxRxDh = jnp.einsum('nkrs,nksd->nkrd', probs[:, :, :, 0], values)[:, None]
+    else:
+      out_NxTxKxRxDh = jnp.einsum('nkrts,nksd->ntkrd', probs, values)
     out_NxTxHxDh = out_NxTxKxRxDh.reshape(n, t, cfg.num_heads, cfg.head_dim)
     y_NxTxD = jnp.einsum('nthk,hkd->ntd', out_NxTxHxDh, self.o[...].astype(cdt))
     return y_NxTxD, (keys_NxKxDhxS, values_NxKxSxDh)
@@ -388,7 +392,7 @@ def apply(params: Params, tokens_NxT, *, cfg: ModelConfig, mask_NxT=None, positi
   if positions_NxT is None:
     positions_NxT = default_positions(mask_NxT, cache)
   if rope_table is None:
-    rope = rope_tables(positions_NxT, rope_inv_freq(cfg))
+    rope = rope_cos_sin(positions_NxT, rope_inv_freq(cfg))
   else:
     # Clipped: left padding has position -1 (its keys are never attended to).
     rope = tuple(jnp.take(t, positions_NxT, axis=0, mode='clip') for t in rope_table)

@@ -12,9 +12,12 @@ block (FlashAttention's backward, arXiv 2205.14135, without its on-chip tiling):
 size T x T is saved between the passes, which is where autodiff of the dense form spends its
 memory traffic.
 
-Deliberately not here: attention against a KV cache (decode and prefill, see model.py),
-sliding windows, and an online softmax over key blocks (each query block's keys are one
-array; that is what makes the forward a few large matmuls on CPU).
+`cache_attention` is the other half: T new tokens against cached keys held in segments
+(see model.KVCache), some of them shared by groups of rows, combined in one softmax.
+
+Deliberately not here: sliding windows, and an online softmax over key blocks in the
+training forward (each query block's keys are one array; that is what makes the forward a
+few large matmuls on CPU).
 """
 
 import functools
@@ -120,3 +123,56 @@ def causal_attention(q_NxTxKxRxDh, k_NxTxKxDh, v_NxTxKxDh, mask_NxT, *, block: i
   t = q_NxTxKxRxDh.shape[1]
   return _attention(q_NxTxKxRxDh, k_NxTxKxDh, v_NxTxKxDh, mask_NxT.astype(bool),
                     block or block_size(t))
+
+
+def _to_segment(x_NxTxKxRxD, rows):
+  """[N, T, K, R, D] as [A, K, M, D] with M = (N/A, R, T): row a's queries as one matrix."""
+  n, t, k, r, d = x_NxTxKxRxD.shape
+  x = x_NxTxKxRxD.reshape(rows, n // rows, t, k, r, d).transpose(0, 3, 1, 4, 2, 5)
+  return x.reshape(rows, k, -1, d)
+
+
+def _from_segment(x_AxKxMxD, n, t):
+  """The inverse of _to_segment."""
+  a, k, _, d = x_AxKxMxD.shape
+  x = x_AxKxMxD.reshape(a, k, n // a, -1, t, d).transpose(0, 2, 4, 1, 3, 5)
+  return x.reshape(n, t, k, -1, d)
+
+
+def cache_attention(q_NxTxKxRxDh, segments, *, dtype):
+  """T new tokens per row attending to cached keys held in several segments: NxTxKxRxDh.
+
+  segments: (keys_AxKxDhxS, values_AxKxSxDh, allowed_AxTxS) triples. A segment has A rows,
+    A dividing N, and row a serves rows [a * N/A, (a + 1) * N/A): a prompt's cache is stored
+    once and read by its G samples (A = N/G). allowed says which of its slots each new token
+    sees (validity and causality). One softmax runs over every segment's slots.
+
+  Exactly softmax(q . k / sqrt(Dh)) v over the segments' slots laid end to end (up to
+  rounding): per segment, scores and their max; the global max; then exp, sums and the
+  weighted values per segment, normalised once at the end. Per segment row and kv head,
+  the queries that read it (N/A rows x R heads x T tokens) are one matrix, so both
+  contractions are plain batched matmuls with the batch axes leading, and a shared segment's
+  keys are read once per group, not G times.
+  """
+  n, t, k, r, dh = q_NxTxKxRxDh.shape
+  scale = dh ** -0.5
+  parts = []
+  for keys, values, allowed_AxTxS in segments:
+    rows, slots = keys.shape[0], keys.shape[-1]
+    q_AxKxMxDh = _to_segment(q_NxTxKxRxDh, rows).astype(dtype)
+    s_AxKxMxS = jnp.einsum('akmd,akds->akms', q_AxKxMxDh, keys.astype(dtype),
+                           preferred_element_type=jnp.float32) * scale
+    allowed_Ax1xMxS = jnp.broadcast_to(allowed_AxTxS[:, None, None, :, :],
+                                       (rows, n // rows, r, t, slots)).reshape(rows, 1, -1, slots)
+    parts.append((jnp.where(allowed_Ax1xMxS, s_AxKxMxS, NEG_INF), values))
+  stat = lambda x_AxKxM: _from_segment(x_AxKxM[..., None], n, t)[..., 0]  # -> NxTxKxR
+  max_NxTxKxR = functools.reduce(jnp.maximum, [stat(jnp.max(s, axis=-1)) for s, _ in parts])
+  out, denom_NxTxKxR = 0.0, 0.0
+  for s_AxKxMxS, values in parts:
+    m_AxKxM = _to_segment(max_NxTxKxR[..., None], s_AxKxMxS.shape[0])[..., 0]
+    e_AxKxMxS = jnp.exp(s_AxKxMxS - m_AxKxM[..., None])
+    denom_NxTxKxR = denom_NxTxKxR + stat(jnp.sum(e_AxKxMxS, axis=-1))
+    o_AxKxMxDh = jnp.einsum('akms,aksd->akmd', e_AxKxMxS.astype(dtype), values.astype(dtype),
+                            preferred_element_type=jnp.float32)
+    out = out + _from_segment(o_AxKxMxDh, n, t)
+  return (out / denom_NxTxKxR[..., None]).astype(dtype)

@@ -83,8 +83,18 @@ class ModelConfig:
 
 
 @flax.struct.dataclass
+class FrozenKV:
+  """A read-only cache segment that new tokens attend to but never write: keys AxKxDhxS and
+  values AxKxSxDh per layer, mask_AxS its valid slots. A cache of N rows may hold one with
+  A = N/G rows, each read by G consecutive rows (a prompt's cache shared by its samples)."""
+  keys: tuple[jax.Array, ...]
+  values: tuple[jax.Array, ...]
+  mask_AxS: jax.Array
+
+
+@flax.struct.dataclass
 class KVCache:
-  """Keys and values of every layer, written slot by slot.
+  """Keys and values of every layer, written slot by slot, after optional frozen segments.
 
   keys: one NxKxDhxS array per layer; values: one NxKxSxDh array per layer. Both put the
   contracted axis second to last, as a matmul reads it: q . k contracts Dh, p . v contracts S.
@@ -92,27 +102,51 @@ class KVCache:
   XLA:CPU runs 3-4x slower (the sampler benchmark's shapes; ~8x with the demo's Dh = 16).
   mask_NxS: the slot holds a real token (left padding and unused slots are False). end: the
   next slot to write, shared by all rows. pos_N: each row's next RoPE position (its count of
-  real tokens so far).
+  real tokens so far, frozen segments included). frozen: earlier segments (`freeze`), all
+  before this one's slots; new tokens attend to their valid slots and to their own.
   """
   keys: tuple[jax.Array, ...]
   values: tuple[jax.Array, ...]
   mask_NxS: jax.Array
   end: jax.Array
   pos_N: jax.Array
+  frozen: tuple[FrozenKV, ...] = ()
 
   @property
   def size(self) -> int:
     return self.mask_NxS.shape[1]
 
 
-def init_cache(cfg: ModelConfig, batch: int, size: int, dtype=None) -> KVCache:
-  """An empty cache of `size` slots for `batch` rows (dtype defaults to compute dtype)."""
+def init_cache(cfg: ModelConfig, batch: int, size: int, dtype=None, *,
+               frozen: tuple[FrozenKV, ...] = (), pos_N=None) -> KVCache:
+  """An empty cache of `size` slots for `batch` rows (dtype defaults to compute dtype).
+
+  frozen: segments attended before these slots; pos_N: the rows' next RoPE positions (give
+  the frozen segments' token counts, e.g. `freeze`'s cache's pos_N; default 0).
+  """
   dtype = dtype or cfg.compute_dtype
   n, k, dh = batch, cfg.num_kv_heads, cfg.head_dim
+  for seg in frozen:
+    if batch % seg.mask_AxS.shape[0]:
+      raise ValueError(f'init_cache: a frozen segment has {seg.mask_AxS.shape[0]} rows, which '
+                       f'does not divide batch={batch}.')
   zeros = lambda shape: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
+  pos_N = jnp.zeros((batch,), jnp.int32) if pos_N is None else jnp.asarray(pos_N, jnp.int32)
   return KVCache(keys=zeros((n, k, dh, size)), values=zeros((n, k, size, dh)),
                  mask_NxS=jnp.zeros((batch, size), bool), end=jnp.zeros((), jnp.int32),
-                 pos_N=jnp.zeros((batch,), jnp.int32))
+                 pos_N=pos_N, frozen=tuple(frozen))
+
+
+def freeze(cache: KVCache, after: FrozenKV | None = None) -> FrozenKV:
+  """The cache's own slots as a read-only segment (its frozen segments are not included),
+  appended to the slots of `after` (same rows) if given: one segment, one copy."""
+  seg = FrozenKV(keys=cache.keys, values=cache.values, mask_AxS=cache.mask_NxS)
+  if after is None:
+    return seg
+  cat = lambda axis: lambda a, b: jnp.concatenate([a, b.astype(a.dtype)], axis=axis)
+  return FrozenKV(keys=tuple(map(cat(3), after.keys, seg.keys)),
+                  values=tuple(map(cat(2), after.values, seg.values)),
+                  mask_AxS=cat(1)(after.mask_AxS, seg.mask_AxS))
 
 
 # ----------------------------------------------------------------------------- layers
@@ -228,32 +262,20 @@ class Attention(nnx.Module):
       out_NxTxHxDh = out_NxTxKxRxDh.reshape(n, t, cfg.num_heads, cfg.head_dim)
       return jnp.einsum('nthk,hkd->ntd', out_NxTxHxDh, self.o[...].astype(cdt)), None
 
-    # Write this call's keys at slots [end, end + T), attend to every valid slot <= own.
-    cache_k, cache_v, cache_mask_NxS, end = layer_cache
+    # Write this call's keys at slots [end, end + T), attend to every valid slot <= own and
+    # to the frozen segments' valid slots.
+    cache_k, cache_v, cache_mask_NxS, end, frozen = layer_cache
     keys_NxKxDhxS = jax.lax.dynamic_update_slice_in_dim(
         cache_k, k_NxTxKxDh.transpose(0, 2, 3, 1).astype(cache_k.dtype), end, axis=3)
     values_NxKxSxDh = jax.lax.dynamic_update_slice_in_dim(
         cache_v, v_NxTxKxDh.swapaxes(1, 2).astype(cache_v.dtype), end, axis=2)
     slot_S = jnp.arange(cache_mask_NxS.shape[1])
     causal_TxS = slot_S[None, :] <= (end + jnp.arange(t))[:, None]
-    allowed_NxTxS = causal_TxS[None] & cache_mask_NxS[:, None, :]
-    keys, values = keys_NxKxDhxS.astype(cdt), values_NxKxSxDh.astype(cdt)
-    if t == 1:
-      # Decoding: contracted without the T axis. With it, XLA:CPU runs both contractions as
-      # batched matmuls of 1-2 rows (~4x slower on the sampler benchmark); without it, as
-      # fused multiply-reduces that stream the cache once.
-      scores = jnp.einsum('nkrd,nkds->nkrs', q_NxTxKxRxDh[:, 0], keys,
-                          preferred_element_type=jnp.float32)[:, :, :, None]
-    else:
-      scores = jnp.einsum('ntkrd,nkds->nkrts', q_NxTxKxRxDh, keys,
-                          preferred_element_type=jnp.float32)
-    scores = jnp.where(allowed_NxTxS[:, None, None], scores * cfg.head_dim ** -0.5,
-                       attention.NEG_INF)
-    probs = jax.nn.softmax(scores, axis=-1).astype(cdt)
-    if t == 1:
-      out_NxTxKxRxDh = jnp.einsum('nkrs,nksd->nkrd', probs[:, :, :, 0], values)[:, None]
-    else:
-      out_NxTxKxRxDh = jnp.einsum('nkrts,nksd->ntkrd', probs, values)
+    segments = [(fk, fv, jnp.broadcast_to(fmask_AxS[:, None], (fmask_AxS.shape[0], t,
+                                                                 fmask_AxS.shape[1])))
+                for fk, fv, fmask_AxS in frozen]
+    segments.append((keys_NxKxDhxS, values_NxKxSxDh, causal_TxS[None] & cache_mask_NxS[:, None]))
+    out_NxTxKxRxDh = attention.cache_attention(q_NxTxKxRxDh, segments, dtype=cdt)
     out_NxTxHxDh = out_NxTxKxRxDh.reshape(n, t, cfg.num_heads, cfg.head_dim)
     y_NxTxD = jnp.einsum('nthk,hkd->ntd', out_NxTxHxDh, self.o[...].astype(cdt))
     return y_NxTxD, (keys_NxKxDhxS, values_NxKxSxDh)
@@ -320,7 +342,8 @@ class Transformer(nnx.Module):
     new_keys, new_values = [], []
     for i in range(cfg.num_layers):
       layer_cache = None if cache is None else (
-          cache.keys[i], cache.values[i], cache_mask_NxS, cache.end)
+          cache.keys[i], cache.values[i], cache_mask_NxS, cache.end,
+          [(f.keys[i], f.values[i], f.mask_AxS) for f in cache.frozen])
       x_NxTxD, new_kv = block_call(self.layers[str(i)], x_NxTxD, rope, mask_NxT, layer_cache)
       if new_kv is not None:
         new_keys.append(new_kv[0])
@@ -405,7 +428,7 @@ def apply(params: Params, tokens_NxT, *, cfg: ModelConfig, mask_NxT=None, positi
         keys=keys, values=values,
         mask_NxS=jax.lax.dynamic_update_slice_in_dim(cache.mask_NxS, mask_NxT, cache.end, axis=1),
         end=cache.end + t,
-        pos_N=cache.pos_N + mask_NxT.sum(axis=1, dtype=jnp.int32))
+        pos_N=cache.pos_N + mask_NxT.sum(axis=1, dtype=jnp.int32), frozen=cache.frozen)
   out = h_NxTxD if return_hidden else logits_from_hidden(params, h_NxTxD, cfg=cfg)
   return out, new_cache
 

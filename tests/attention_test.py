@@ -64,3 +64,43 @@ def test_block_size_bounds_the_number_of_blocks():
   assert attention.block_size(100) == 100
   assert attention.block_size(512) == 64
   assert attention.block_size(4096) == 256  # 16 blocks.
+
+
+def _segment(rng, rows, k, dh, slots, valid):
+  keys = jnp.asarray(rng.standard_normal((rows, k, dh, slots)), jnp.float32)
+  values = jnp.asarray(rng.standard_normal((rows, k, slots, dh)), jnp.float32)
+  return keys, values, jnp.asarray(valid)
+
+
+@pytest.mark.parametrize('t', [1, 3])
+def test_cache_attention_equals_dense_softmax_over_the_segments(t):
+  # A shared segment (2 rows, each read by G = 3 rows, one invalid slot), a per-row segment
+  # with a left-padded row, and the call's own segment, causal over its t new slots.
+  n, g, k, r, dh = 6, 3, 2, 2, 8
+  rng = np.random.default_rng(1)
+  q = jnp.asarray(rng.standard_normal((n, t, k, r, dh)), jnp.float32)
+  shared_valid = np.ones((n // g, 5), bool)
+  shared_valid[1, 0] = False
+  history_valid = np.ones((n, 4), bool)
+  history_valid[2, :3] = False
+  own_valid = np.tril(np.ones((t, t), bool))[None].repeat(n, 0)  # NxTxS
+  shared = _segment(rng, n // g, k, dh, 5, shared_valid)
+  history = _segment(rng, n, k, dh, 4, history_valid)
+  own = _segment(rng, n, k, dh, t, own_valid)
+  segments = [
+      (shared[0], shared[1], np.broadcast_to(shared_valid[:, None], (n // g, t, 5))),
+      (history[0], history[1], np.broadcast_to(history_valid[:, None], (n, t, 4))),
+      own]
+  out = attention.cache_attention(q, segments, dtype=jnp.float32)
+
+  # Dense reference: every row's slots laid end to end, the shared ones repeated G times.
+  rep = lambda x: np.repeat(np.asarray(x), g, axis=0)
+  keys = np.concatenate([rep(shared[0]), history[0], own[0]], axis=-1)      # NxKxDhxS
+  values = np.concatenate([rep(shared[1]), history[1], own[1]], axis=-2)    # NxKxSxDh
+  allowed = np.concatenate([rep(segments[0][2]), segments[1][2], own_valid], axis=-1)
+  s = np.einsum('ntkrd,nkds->nkrts', np.asarray(q), keys) / np.sqrt(dh)
+  s = np.where(allowed[:, None, None], s, -np.inf)
+  p = np.exp(s - s.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  want = np.einsum('nkrts,nksd->ntkrd', p, values)
+  np.testing.assert_allclose(out, want, atol=1e-5, rtol=1e-5)

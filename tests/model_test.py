@@ -191,3 +191,48 @@ def test_param_axes_match_params():
   jax.tree.map(lambda a, s: len(a) == len(s.shape) or pytest.fail(f'{a} vs {s.shape}'),
                axes, shapes, is_leaf=lambda x: isinstance(x, tuple))
   assert CFG.num_params() == sum(x.size for x in jax.tree.leaves(shapes))
+
+
+def test_decode_over_a_shared_frozen_prompt_equals_a_repeated_cache(params):
+  # The sampler's layout: B prompts prefilled once, read by G rows each through a frozen
+  # segment, then each row's own tokens in chunks (one frozen, one being written).
+  b, g = 2, 3
+  prompts = _tokens(b, 6)
+  mask = jnp.array([[False] * 2 + [True] * 4, [True] * 6])
+  steps = _tokens(b * g, 5, seed=4)
+  # Reference: the prompt cache repeated G times, one cache for everything.
+  ref = model.init_cache(CFG, b * g, 11)
+  _, ref = model.apply(params, jnp.repeat(prompts, g, 0), cfg=CFG,
+                       mask_NxT=jnp.repeat(mask, g, 0), cache=ref)
+  want = []
+  for i in range(5):
+    logits, ref = model.apply(params, steps[:, i:i + 1], cfg=CFG, cache=ref)
+    want.append(logits)
+  # Segments: the prompt once, then chunks of 2 and 3 own slots.
+  prompt_cache = model.init_cache(CFG, b, 6)
+  _, prompt_cache = model.apply(params, prompts, cfg=CFG, mask_NxT=mask, cache=prompt_cache)
+  shared = (model.freeze(prompt_cache),)
+  cache = model.init_cache(CFG, b * g, 2, frozen=shared,
+                           pos_N=jnp.repeat(prompt_cache.pos_N, g))
+  got = []
+  for i in range(2):
+    logits, cache = model.apply(params, steps[:, i:i + 1], cfg=CFG, cache=cache)
+    got.append(logits)
+  history = model.freeze(cache)
+  cache = model.init_cache(CFG, b * g, 2, frozen=shared + (history,), pos_N=cache.pos_N)
+  logits, cache = model.apply(params, steps[:, 2:4], cfg=CFG, cache=cache)  # T = 2 at once.
+  got.append(logits)
+  history = model.freeze(cache, after=history)
+  assert history.mask_AxS.shape == (b * g, 4)
+  cache = model.init_cache(CFG, b * g, 1, frozen=shared + (history,), pos_N=cache.pos_N)
+  logits, cache = model.apply(params, steps[:, 4:5], cfg=CFG, cache=cache)
+  got.append(logits)
+  np.testing.assert_allclose(jnp.concatenate(got, 1), jnp.concatenate(want, 1), atol=1e-5,
+                             rtol=1e-5)
+  np.testing.assert_array_equal(cache.pos_N, ref.pos_N)
+
+
+def test_frozen_segment_rows_must_divide_the_batch(params):
+  seg = model.freeze(model.init_cache(CFG, 2, 4))
+  with pytest.raises(ValueError, match='frozen segment has 2 rows.*batch=3'):
+    model.init_cache(CFG, 3, 4, frozen=(seg,))

@@ -160,6 +160,38 @@ def test_prefix_rows_reproduce_prefix_and_continue(params, prompts):
   np.testing.assert_allclose(r.logprobs_NxL, _teacher_forced(params, r, 1.0), atol=1e-5)
 
 
+def test_decode_chunks_cover_the_steps():
+  for steps, most in [(0, 8), (1, 8), (15, 8), (39, 4), (127, 8), (1000, 3)]:
+    chunks = sampler.decode_chunks(steps, most)
+    assert len(chunks) <= most
+    assert [b for _, b in chunks[:-1]] == [a for a, _ in chunks[1:]]  # Contiguous.
+    if steps:
+      assert chunks[0][0] == 0 and chunks[-1][1] == steps
+      assert all(b - a >= min(16, steps) for a, b in chunks)
+  assert sampler.decode_chunks(127, 8) == [(0, 18), (18, 36), (36, 54), (54, 72), (72, 90),
+                                           (90, 108), (108, 127)]
+
+
+def test_chunked_decode_equals_one_loop(params, prompts):
+  # 40 new tokens: 39 forward passes, in 2 while_loops (own cache segments) or in 1. With
+  # prefixes (their own segment) and a stop token that ends some rows in the first chunk.
+  assert len(sampler.decode_chunks(39, 4)) == 2
+  g, q = 2, 2
+  toks = np.tile(np.array([[4, 5]], np.int32), (6, 1))
+  pmask = np.array([[True, True], [True, False], [False, False]] * 2)
+  prefixes = Prefixes(tokens_NxQ=jnp.asarray(toks), mask_NxQ=jnp.asarray(pmask))
+  kw = dict(cfg=CFG, group_size=g, max_new_tokens=40, temperature=1.0, stop_tokens=(3,),
+            prefixes=prefixes, rng=jax.random.key(11))
+  one = sampler.generate(params, prompts, max_chunks=1, **kw)
+  two = sampler.generate(params, prompts, max_chunks=4, **kw)
+  lengths = np.asarray(two.lengths_N) - pmask.sum(1)
+  assert (lengths < 18).any() and (lengths > 20).any()  # Stops in both chunks' ranges.
+  np.testing.assert_array_equal(two.tokens_NxL, one.tokens_NxL)
+  np.testing.assert_array_equal(two.mask_NxL, one.mask_NxL)
+  np.testing.assert_allclose(two.logprobs_NxL, one.logprobs_NxL, atol=1e-5)
+  np.testing.assert_allclose(two.logprobs_NxL, _teacher_forced(params, two, 1.0), atol=1e-5)
+
+
 def test_no_recompilation_within_a_bucket(params, monkeypatch):
   monkeypatch.setattr(sampler, '_generate', chex.assert_max_traces(sampler._generate, n=1))
   sampler._generate_fn.cache_clear()
@@ -172,7 +204,8 @@ def test_no_recompilation_within_a_bucket(params, monkeypatch):
 
 def test_sharded_greedy_equals_single_device(params, prompts):
   mesh = sharding.make_mesh({'data': 2, 'fsdp': 1, 'tensor': 4})
-  kw = dict(cfg=CFG, group_size=4, max_new_tokens=6, temperature=0.0, rng=jax.random.key(8))
+  # 34 new tokens: two decode chunks, each with its own sharded cache segment.
+  kw = dict(cfg=CFG, group_size=4, max_new_tokens=34, temperature=0.0, rng=jax.random.key(8))
   single = sampler.generate(params, prompts, **kw)
   with jax.set_mesh(mesh):
     sharded_params = jax.device_put(params, sharding.param_shardings(CFG, mesh,

@@ -13,16 +13,17 @@ bias, untied embeddings, fp32):
            prompt logits are checked to agree first. Whole calls, prefill included:
            tokens/s = 64 * 128 / median wall time of `--runs` calls after one warm-up.
   prefill  G = 16, 8 prompts of 512 tokens: the sampler's shared prefill (each prompt once,
-           its cache repeated G times) against naive repetition (the 128 rows passed as
+           its cache shared by its G rows) against naive repetition (the 128 rows passed as
            prompts with group_size=1). Whole calls with max_new_tokens=1, which run no decode
-           forward pass: prefill, cache repeat and one sampled token.
+           forward pass: prefill and one sampled token.
 
 Decode time per step is (t(128 new tokens) - t(1 new token)) / 127, set against two floors
 measured in the same run:
 
   FLOP floor    2 * matmul params * rows / the best f32 matmul rate measured (a 4096^3
                 matmul in jax and in torch, and the decode step's own [rows x D] @ [D x F]).
-  memory floor  (matmul weights + K/V cache slots attended, averaged over the 128 steps)
+  memory floor  (matmul weights + K/V cache slots needed, averaged over the 128 steps: each
+                row's sampled tokens so far, and the prompt's slots once per group of G)
                 / read bandwidth (best of a numpy and a jax sum over a 1 GiB array).
 
 Attention FLOPs, norms, RoPE and sampling are left out of both floors.
@@ -260,8 +261,9 @@ def print_report(decode, prefill, rates, bandwidth, args):
       cfg = model_config(r.config)
       w = matmul_params(cfg)
       flop_floor = 2 * w * rows / (peak * 1e9)
-      # K and V of every layer, at the average number of slots attended over the steps.
-      slots = PROMPT_LEN + (NEW_TOKENS + 1) / 2
+      # K and V of every layer, at the average number of slots a row needs over the steps:
+      # its sampled tokens so far, and the prompt's read once per group of G rows.
+      slots = PROMPT_LEN / GROUP + (NEW_TOKENS + 1) / 2
       kv_bytes = 2 * cfg.num_layers * rows * slots * cfg.num_kv_heads * cfg.head_dim * 4
       mem_floor = (4 * w + kv_bytes) / (bw * 1e9)
       print(f'{r.config:<7} {rows * NEW_TOKENS / r.jax_s:>14.0f} '

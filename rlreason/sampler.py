@@ -7,7 +7,7 @@ The KV cache is a chain of segments (model.FrozenKV): the prompts' (B rows, each
 G samples, so the prompt's keys are read once per group rather than G times), the prefixes'
 (if any), and one per decode chunk (`decode_chunks`), written by its own while_loop. A decode
 step reads only the segments filled so far: on the sampler benchmark (64 prompt tokens, 128
-new, G = 8) that is 46% of the slots a single G-times-repeated cache reads.
+new, G = 8, 8 chunks) that is 42% of the slots a single G-times-repeated cache reads.
 
 Rows are prompt-major (row n = b*G + g). The behaviour policy is recorded exactly: for each
 sampled token, its log-prob under the distribution actually sampled from (temperature, then

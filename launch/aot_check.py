@@ -180,14 +180,16 @@ def check(config, *, devices, model_name=None) -> dict[str, object]:
                              sharding=jax.sharding.NamedSharding(mesh, jax.P()))
   temp = jax.ShapeDtypeStruct((), f32, sharding=jax.sharding.NamedSharding(mesh, jax.P()))
   generate = sampler._generate_fn(  # pylint: disable=protected-access
-      cfg, rl.group_size, length, False, int(rl.top_k), float(rl.top_p), (0,), 0, None, mesh)
+      cfg, rl.group_size, length, False, int(rl.top_k), float(rl.top_p), (0,), 0, None, mesh,
+      sampler.MAX_CHUNKS)
   with jax.set_mesh(mesh):
     sample_stats = generate.lower(_with(model.abstract_params(cfg), sample_sh), prompts, None,
                                   temp, key).compile().memory_analysis()
   shape = sharding.mesh_shape(dict(config.mesh), len(devices))
   kv_split = shape[0] * shape[1] * (shape[2] if cfg.num_kv_heads % shape[2] == 0 else 1)
   cache_bytes = jnp.dtype(cfg.compute_dtype).itemsize
-  kv = 2 * cfg.num_layers * b * rl.group_size * (p + length) * cfg.num_kv_heads * cfg.head_dim
+  # The prompt's slots once per group (shared by its G rows), each row's own after them.
+  kv = 2 * cfg.num_layers * b * (p + rl.group_size * length) * cfg.num_kv_heads * cfg.head_dim
   out = {
       'model': name, 'params_B': cfg.num_params() / 1e9, 'mesh': dict(zip(sharding.MESH_AXES,
                                                                           shape)),

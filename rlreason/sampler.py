@@ -38,6 +38,7 @@ from rlreason import tokenizer
 from rlreason.structs import Prefixes, Prompts, Rollout
 
 _CDF_BLOCK = 128  # Tokens per block of the inverse-CDF search (see _categorical).
+MAX_CHUNKS = 8  # Default while_loops per decode (see decode_chunks).
 
 
 def prepare_prompts(token_lists: Sequence[Sequence[int]], *, buckets: Sequence[int],
@@ -108,7 +109,7 @@ def generate(params, prompts: Prompts, *, cfg: model.ModelConfig, group_size: in
              top_p: float = 1.0, stop_tokens: Sequence[int] = (), pad_id: int = 0,
              prefixes: Prefixes | None = None, cache_dtype: str | None = None,
              mesh: jax.sharding.Mesh | None = None,
-             memory_budget_bytes: int | None = None, max_chunks: int = 8) -> Rollout:
+             memory_budget_bytes: int | None = None, max_chunks: int = MAX_CHUNKS) -> Rollout:
   """Samples G completions for each of B prompts.
 
   Args:

@@ -181,7 +181,7 @@ def check(config, *, devices, model_name=None) -> dict[str, object]:
   temp = jax.ShapeDtypeStruct((), f32, sharding=jax.sharding.NamedSharding(mesh, jax.P()))
   generate = sampler._generate_fn(  # pylint: disable=protected-access
       cfg, rl.group_size, length, False, int(rl.top_k), float(rl.top_p), (0,), 0, None, mesh,
-      sampler.MAX_CHUNKS)
+      int(rl.decode_chunks))
   with jax.set_mesh(mesh):
     sample_stats = generate.lower(_with(model.abstract_params(cfg), sample_sh), prompts, None,
                                   temp, key).compile().memory_analysis()

@@ -39,6 +39,9 @@ def default() -> ml_collections.ConfigDict:
   c.rl = ml_collections.ConfigDict(dict(
       steps=100, prompts_per_step=16, group_size=8, epochs=1, minibatches=1, micro_batches=1,
       max_new_tokens=64, temperature=1.0, top_k=0, top_p=1.0,
+      # The sampler's decode loop in at most this many while_loops (sampler.decode_chunks):
+      # more attend to fewer empty KV slots, fewer compile faster.
+      decode_chunks=8,
       dynamic_sampling=False, max_refill_rounds=2))
 
   c.objective = ml_collections.ConfigDict(dict(
@@ -103,6 +106,7 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
   check(rl.group_size >= 1, f'rl.group_size={rl.group_size} must be >= 1.')
   check(rl.prompts_per_step >= 1, f'rl.prompts_per_step={rl.prompts_per_step} must be >= 1.')
   check(rl.max_new_tokens > 0, f'rl.max_new_tokens={rl.max_new_tokens} must be > 0.')
+  check(rl.decode_chunks >= 1, f'rl.decode_chunks={rl.decode_chunks} must be >= 1.')
   check(rl.prompts_per_step % rl.minibatches == 0,
         f'rl.prompts_per_step={rl.prompts_per_step} is not divisible by '
         f'rl.minibatches={rl.minibatches} (minibatches hold whole groups).')

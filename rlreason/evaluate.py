@@ -97,7 +97,8 @@ def sample_verdicts(run, params, *, k: int, temperature: float, rng):
     rollout = sampler.generate(
         params, encode_prompts(run, padded), cfg=run.cfg, group_size=k,
         max_new_tokens=run.config.rl.max_new_tokens, temperature=temperature,
-        stop_tokens=tuple(run.tok.eos_ids), pad_id=run.pad_id, rng=rng, mesh=run.mesh)
+        stop_tokens=tuple(run.tok.eos_ids), pad_id=run.pad_id, rng=rng, mesh=run.mesh,
+        max_chunks=run.config.rl.decode_chunks)
     _, verdicts = verify(run, rollout, padded, progress=1.0, return_verdicts=True)
     ok_BxK = np.array([v.status == 'correct' for v in verdicts]).reshape(chunk, k)
     correct.append(ok_BxK[:len(part)])

@@ -172,7 +172,8 @@ def old_policy_prefixes(run, prompts, *, key) -> Prefixes:
   old = sampler.generate(
       run.prefix_params, prompts, cfg=run.cfg, group_size=rl.group_size,
       max_new_tokens=p.max_tokens, temperature=rl.temperature, top_k=rl.top_k, top_p=rl.top_p,
-      stop_tokens=tuple(run.tok.eos_ids), pad_id=run.pad_id, rng=sample_key, mesh=run.mesh)
+      stop_tokens=tuple(run.tok.eos_ids), pad_id=run.pad_id, rng=sample_key, mesh=run.mesh,
+      max_chunks=rl.decode_chunks)
   return cut_prefixes(old, key=cut_key, rows_per_group=p.rows_per_group, pad_id=run.pad_id)
 
 

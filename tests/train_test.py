@@ -137,6 +137,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path):
     ('rl.minibatches', 3, 'not divisible by rl.minibatches=3'),
     ('rl.micro_batches', 3, 'rl.micro_batches=3'),
     ('rl.top_p', 1.5, 'rl.top_p=1.5'),
+    ('rl.decode_chunks', 0, 'rl.decode_chunks=0'),
     ('objective.policy_loss', 'ppo', "objective.policy_loss='ppo'; known"),
     ('objective.advantage', 'grpoo', "objective.advantage='grpoo'; known"),
     ('verifier.name', 'maths', 'verifier.name'),

@@ -226,6 +226,26 @@ def test_bf16_cache_halves_the_estimate_and_runs(params, prompts):
   assert np.isfinite(np.asarray(r.logprobs_NxL)).all()
 
 
+def test_memory_estimate_bounds_the_compiled_sampler(params):
+  kw = dict(batch=2, group_size=4, prompt_len=8, max_new_tokens=40)
+  one = sampler.memory_estimate(CFG, max_chunks=1, **kw)
+  two = sampler.memory_estimate(CFG, max_chunks=4, **kw)
+  slot = 2 * CFG.num_layers * CFG.num_kv_heads * CFG.head_dim * 4  # K and V, fp32.
+  assert one['kv_cache'] == two['kv_cache'] == (2 * 8 + 8 * 40) * slot
+  # 39 decode steps in 2 chunks, [0, 19) and [19, 39): the merge before the second copies
+  # 19 slots of history per row; one loop copies nothing.
+  assert one['kv_merge'] == 0 and two['kv_merge'] == 8 * 19 * slot
+  prompts = sampler.prepare_prompts([[1, 2, 3], [4, 5]], buckets=(8,))
+  temp = {}
+  for chunks in (1, 4):
+    sampler._generate_fn.cache_clear()
+    fn = sampler._generate_fn(CFG, 4, 40, False, 0, 1.0, (), 0, None, None, chunks)
+    compiled = fn.lower(params, prompts, None, jnp.float32(1.0), jax.random.key(0)).compile()
+    temp[chunks] = compiled.memory_analysis().temp_size_in_bytes
+  sampler._generate_fn.cache_clear()
+  assert temp[4] - temp[1] <= two['kv_merge']  # What chunking costs XLA, at most the bound.
+
+
 @pytest.mark.parametrize('kwargs, match', [
     (dict(group_size=0), 'group_size'),
     (dict(max_new_tokens=0), 'max_new_tokens'),

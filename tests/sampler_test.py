@@ -8,6 +8,7 @@ import pytest
 
 from rlreason import model
 from rlreason import sampler
+from rlreason import sampling
 from rlreason import sharding
 from rlreason.structs import Prefixes
 
@@ -119,11 +120,11 @@ def test_top_k_and_top_p_keep_exactly_the_intended_support(params):
   # Hand case: probs of softmax([0, ln 3, ln 6, ln 10]) = [.05, .15, .3, .5].
   logits = jnp.log(jnp.array([[1.0, 3.0, 6.0, 10.0]]))
   finite = lambda lg: np.isfinite(np.asarray(lg))[0].tolist()
-  assert finite(sampler.truncate_logits(logits, top_k=2, top_p=1.0)) == [0, 0, 1, 1]
+  assert finite(sampling.truncate_logits(logits, top_k=2, top_p=1.0)) == [0, 0, 1, 1]
   # top-p 0.8: mass before each sorted token is 0, .5, .8, .95 -> keep the first two.
-  assert finite(sampler.truncate_logits(logits, top_k=0, top_p=0.8)) == [0, 0, 1, 1]
-  assert finite(sampler.truncate_logits(logits, top_k=0, top_p=0.81)) == [0, 1, 1, 1]
-  assert finite(sampler.truncate_logits(logits, top_k=3, top_p=0.5)) == [0, 0, 0, 1]
+  assert finite(sampling.truncate_logits(logits, top_k=0, top_p=0.8)) == [0, 0, 1, 1]
+  assert finite(sampling.truncate_logits(logits, top_k=0, top_p=0.81)) == [0, 1, 1, 1]
+  assert finite(sampling.truncate_logits(logits, top_k=3, top_p=0.5)) == [0, 0, 0, 1]
   # Sampled support: exactly the top-k tokens of the real model's distribution.
   counts, model_logits = _first_token_counts(params, samples=4000, temperature=1.0, top_k=3)
   top3 = set(np.argsort(-np.asarray(model_logits))[:3].tolist())
@@ -284,5 +285,5 @@ def test_top_p_bisection_equals_sorted_cumulative_mass():
     for top_p in (0.1, 0.5, 0.9, 0.99):
       want = np.zeros(probs.shape, bool)
       np.put_along_axis(want, order, np.cumsum(sorted_p, -1) - sorted_p < top_p, -1)
-      got = np.isfinite(np.asarray(sampler.truncate_logits(logits, top_k=0, top_p=top_p)))
+      got = np.isfinite(np.asarray(sampling.truncate_logits(logits, top_k=0, top_p=top_p)))
       np.testing.assert_array_equal(got, want)

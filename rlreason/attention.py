@@ -145,7 +145,8 @@ def cache_attention(q_NxTxKxRxDh, segments, *, dtype):
   segments: (keys_AxKxDhxS, values_AxKxSxDh, allowed_AxTxS) triples. A segment has A rows,
     A dividing N, and row a serves rows [a * N/A, (a + 1) * N/A): a prompt's cache is stored
     once and read by its G samples (A = N/G). allowed says which of its slots each new token
-    sees (validity and causality). One softmax runs over every segment's slots.
+    sees (validity and causality; Ax1xS when the same for all T). One softmax runs over
+    every segment's slots.
 
   Exactly softmax(q . k / sqrt(Dh)) v over the segments' slots laid end to end (up to
   rounding): per segment, scores and their max; the global max; then exp, sums and the

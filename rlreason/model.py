@@ -271,9 +271,7 @@ class Attention(nnx.Module):
         cache_v, v_NxTxKxDh.swapaxes(1, 2).astype(cache_v.dtype), end, axis=2)
     slot_S = jnp.arange(cache_mask_NxS.shape[1])
     causal_TxS = slot_S[None, :] <= (end + jnp.arange(t))[:, None]
-    segments = [(fk, fv, jnp.broadcast_to(fmask_AxS[:, None], (fmask_AxS.shape[0], t,
-                                                                 fmask_AxS.shape[1])))
-                for fk, fv, fmask_AxS in frozen]
+    segments = [(fk, fv, fmask_AxS[:, None]) for fk, fv, fmask_AxS in frozen]
     segments.append((keys_NxKxDhxS, values_NxKxSxDh, causal_TxS[None] & cache_mask_NxS[:, None]))
     out_NxTxKxRxDh = attention.cache_attention(q_NxTxKxRxDh, segments, dtype=cdt)
     out_NxTxHxDh = out_NxTxKxRxDh.reshape(n, t, cfg.num_heads, cfg.head_dim)

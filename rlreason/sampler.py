@@ -225,8 +225,8 @@ def _generate(params, prompts, prefixes, temperature, rng, *, cfg, group_size, m
     # Feed all prefixes in one call; right padding leaves masked (ignored) cache slots.
     pmask_NxQ = prefixes.mask_NxQ.astype(bool)
     q_N = pmask_NxQ.sum(axis=1, dtype=jnp.int32)
-    cache = jax.tree.map(on_rows, model.init_cache(cfg, n, q, cache_dtype, frozen=shared,
-                                                   pos_N=pos_N))
+    cache = jax.tree.map(on_rows, model.init_cache(cfg, n, q, cache_dtype, pos_N=pos_N))
+    cache = cache.replace(frozen=shared)
     h_NxQxD, cache = model.apply(params, prefixes.tokens_NxQ, cfg=cfg, mask_NxT=pmask_NxQ,
                                  cache=cache, return_hidden=True)
     own, pos_N = (model.freeze(cache),), cache.pos_N
@@ -284,8 +284,8 @@ def _generate(params, prompts, prefixes, temperature, rng, *, cfg, group_size, m
   # not to slots that later steps fill.
   i, done_N, sampled_N = jnp.int32(0), jnp.zeros((n,), bool), jnp.zeros((n,), jnp.int32)
   for start, stop in decode_chunks(max_new_tokens - 1, max_chunks):
-    cache = jax.tree.map(on_rows, model.init_cache(
-        cfg, n, stop - start, cache_dtype, frozen=shared + own, pos_N=pos_N))
+    cache = jax.tree.map(on_rows, model.init_cache(cfg, n, stop - start, cache_dtype,
+                                                   pos_N=pos_N)).replace(frozen=shared + own)
     cond = lambda state, stop=stop: (state[0] < stop) & ~jnp.all(state[2])
     i, cache, done_N, logits_NxV, sampled_N, outs = jax.lax.while_loop(
         cond, body, (i, cache, done_N, logits_NxV, sampled_N, outs))

@@ -1,5 +1,9 @@
 """Mesh arithmetic, rule tables and resharding between the train and sample layouts."""
 
+import os
+import subprocess
+import sys
+
 import jax
 import numpy as np
 import pytest
@@ -61,3 +65,30 @@ def test_reshard_train_to_sample_keeps_values():
   assert moved['embed'].sharding.spec == P('tensor', None)
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(moved), host)
   assert 'lm_head' in sharding.describe(sample)
+
+
+def test_split_cpu_host_makes_single_threaded_devices_in_a_fresh_process():
+  code = ('import os, jax, jax.numpy as jnp\n'
+          'from rlreason import sharding\n'
+          'sharding.split_cpu_host(2)\n'
+          'mesh = sharding.make_mesh({"data": 2, "fsdp": 1, "tensor": 1})\n'
+          'x = jax.device_put(jnp.arange(8.0), sharding.data_sharding(mesh, (8,)))\n'
+          'print(jax.device_count(), len(x.addressable_shards), float((x * 2).sum()),\n'
+          '      os.environ["XLA_FLAGS"])\n')
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='')
+  out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True,
+                       timeout=120, check=True).stdout.split()
+  assert out == ['2', '2', '56.0', '--xla_cpu_multi_thread_eigen=false'], out
+
+
+def test_split_cpu_host_refuses_what_it_cannot_honour(monkeypatch):
+  with pytest.raises(ValueError, match='devices must be >= 1, got 0'):
+    sharding.split_cpu_host(0)
+  monkeypatch.setenv('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
+  with pytest.raises(ValueError, match='already sets --xla_force_host_platform_device_count'):
+    sharding.split_cpu_host(2)
+  monkeypatch.setenv('XLA_FLAGS', '')
+  jax.numpy.zeros(1).block_until_ready()  # The backend exists (conftest made 8 devices).
+  with pytest.raises(RuntimeError, match='before the first JAX computation'):
+    sharding.split_cpu_host(2)
+  assert os.environ['XLA_FLAGS'] == ''

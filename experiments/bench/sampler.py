@@ -36,6 +36,7 @@ cores); `--torch_omp_wait PASSIVE` (the default) avoids that, `ACTIVE` is torch'
 """
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import statistics
@@ -52,6 +53,7 @@ import numpy as np  # noqa: E402
 
 from rlreason import model  # noqa: E402
 from rlreason import sampler  # noqa: E402
+from rlreason import sharding  # noqa: E402
 from rlreason import weights  # noqa: E402
 from rlreason.structs import Prompts  # noqa: E402
 
@@ -136,19 +138,41 @@ def machine_rates(cfg_names) -> tuple[dict[str, float], dict[str, float]]:
 @dataclasses.dataclass
 class DecodeResult:
   config: str
-  jax_s: float
+  jax_s: dict[str, float]  # Per layout ('1 device', 'N devices'): median seconds a call.
   torch_s: float
-  jax_first_s: float  # max_new_tokens=1: prefill plus one sampled token.
+  jax_first_s: dict[str, float]  # max_new_tokens=1: prefill plus one sampled token.
   compile_s: float
   logit_diff: float
 
   @property
+  def best(self) -> str:
+    return min(self.jax_s, key=self.jax_s.get)
+
+  @property
   def speedup(self) -> float:
-    return self.torch_s / self.jax_s
+    return self.torch_s / self.jax_s[self.best]
 
   @property
   def step_s(self) -> float:
-    return (self.jax_s - self.jax_first_s) / (NEW_TOKENS - 1)
+    return (self.jax_s[self.best] - self.jax_first_s[self.best]) / (NEW_TOKENS - 1)
+
+
+def layouts(cfg: model.ModelConfig, params):
+  """{layout name: (params, mesh or None)}: one device, and rows data-parallel over all."""
+  out = {'1 device': (jax.device_put(params, jax.devices()[0]), None)}
+  n = jax.device_count()
+  if n > 1:
+    mesh = sharding.make_mesh({'data': n, 'fsdp': 1, 'tensor': 1})
+    with jax.set_mesh(mesh):
+      out[f'{n} devices'] = (jax.device_put(
+          params, sharding.param_shardings(cfg, mesh, sharding.SAMPLE_RULES)), mesh)
+  return out
+
+
+def generate_on(layout, prompts, **kw):
+  params, mesh = layout
+  with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+    return jax.block_until_ready(sampler.generate(params, prompts, mesh=mesh, **kw))
 
 
 def bench_decode(name: str, args) -> DecodeResult:
@@ -178,13 +202,12 @@ def bench_decode(name: str, args) -> DecodeResult:
   if diff > 1e-3:
     raise SystemExit(f'[{name}] the exported weights do not reproduce the logits')
 
-  def run_jax(new_tokens, seed=[0]):  # pylint: disable=dangerous-default-value
+  on = layouts(cfg, params)
+
+  def run_jax(new_tokens, layout='1 device', seed=[0]):  # pylint: disable=dangerous-default-value
     seed[0] += 1
-    out = sampler.generate(params, prompts, cfg=cfg, group_size=GROUP,
-                           max_new_tokens=new_tokens, temperature=1.0,
-                           rng=jax.random.key(seed[0]))
-    jax.block_until_ready(out)
-    return out
+    return generate_on(on[layout], prompts, cfg=cfg, group_size=GROUP,
+                       max_new_tokens=new_tokens, temperature=1.0, rng=jax.random.key(seed[0]))
 
   @torch.no_grad()
   def run_torch():
@@ -199,14 +222,18 @@ def bench_decode(name: str, args) -> DecodeResult:
   out = run_jax(NEW_TOKENS)
   compile_s = time.perf_counter() - start
   assert out.tokens_NxL.shape == (PROMPTS * GROUP, NEW_TOKENS) and bool(out.mask_NxL.all())
-  run_jax(1)
   print(f'[{name}] rlreason first call (compile + run) {compile_s:.1f}s', flush=True)
-  times = time_interleaved({'jax': lambda: run_jax(NEW_TOKENS), 'torch': run_torch,
-                            'jax_first': lambda: run_jax(1)}, runs=args.runs)
+  calls = {'torch': run_torch}
+  for layout in on:
+    run_jax(NEW_TOKENS, layout), run_jax(1, layout)
+    calls[layout] = lambda layout=layout: run_jax(NEW_TOKENS, layout)
+    calls[f'{layout}, 1 token'] = lambda layout=layout: run_jax(1, layout)
+  times = time_interleaved(calls, runs=args.runs)
   for k, v in times.items():
-    print(f'[{name}] {k:9s} ' + ' '.join(f'{x:.2f}' for x in v), flush=True)
+    print(f'[{name}] {k:20s} ' + ' '.join(f'{x:.2f}' for x in v), flush=True)
   med = {k: statistics.median(v) for k, v in times.items()}
-  return DecodeResult(name, med['jax'], med['torch'], med['jax_first'], compile_s, diff)
+  return DecodeResult(name, {k: med[k] for k in on}, med['torch'],
+                      {k: med[f'{k}, 1 token'] for k in on}, compile_s, diff)
 
 
 # ----------------------------------------------------------------------------- prefill table
@@ -222,10 +249,12 @@ def bench_prefill(name: str, args) -> tuple[float, float]:
   naive = Prompts(tokens_BxP=jnp.repeat(shared.tokens_BxP, PREFILL_GROUP, axis=0),
                   mask_BxP=jnp.repeat(shared.mask_BxP, PREFILL_GROUP, axis=0))
 
+  # On every device: one single-threaded device would make prefill's large matmuls serial.
+  layout = list(layouts(cfg, params).values())[-1]
+
   def run(prompts, group_size):
-    out = sampler.generate(params, prompts, cfg=cfg, group_size=group_size, max_new_tokens=1,
-                           temperature=1.0, rng=jax.random.key(0))
-    return jax.block_until_ready(out)
+    return generate_on(layout, prompts, cfg=cfg, group_size=group_size, max_new_tokens=1,
+                       temperature=1.0, rng=jax.random.key(0))
 
   # Same key and rows: sharing must not change the sampled token or its log-prob.
   a, b = run(shared, PREFILL_GROUP), run(naive, 1)
@@ -253,8 +282,10 @@ def print_report(decode, prefill, rates, bandwidth, args):
   if decode:
     print(f'\ndecode: {PROMPTS} prompts x {PROMPT_LEN} tokens, G={GROUP} ({rows} rows), '
           f'{NEW_TOKENS} new tokens, median of {args.runs} after a warm-up (whole calls)')
-    header = (f'{"config":<7} {"rlreason tok/s":>14} {"transformers tok/s":>18} {"speedup":>8} '
-              f'{"compile s":>9} {"ms/step":>8} {"FLOP floor":>10} {"mem floor":>9}')
+    names = list(decode[0].jax_s)
+    header = (f'{"config":<7} ' + ' '.join(f'{"rlreason " + k:>20}' for k in names) +
+              f' {"transformers":>12} {"speedup":>8} {"compile s":>9} {"ms/step":>8} '
+              f'{"FLOP floor":>10} {"mem floor":>9}')
     print(header)
     print('-' * len(header))
     for r in decode:
@@ -266,10 +297,12 @@ def print_report(decode, prefill, rates, bandwidth, args):
       slots = PROMPT_LEN / GROUP + (NEW_TOKENS + 1) / 2
       kv_bytes = 2 * cfg.num_layers * rows * slots * cfg.num_kv_heads * cfg.head_dim * 4
       mem_floor = (4 * w + kv_bytes) / (bw * 1e9)
-      print(f'{r.config:<7} {rows * NEW_TOKENS / r.jax_s:>14.0f} '
-            f'{rows * NEW_TOKENS / r.torch_s:>18.0f} {r.speedup:>7.2f}x {r.compile_s:>9.1f} '
+      print(f'{r.config:<7} ' + ' '.join(f'{rows * NEW_TOKENS / r.jax_s[k]:>20.0f}'
+                                          for k in names) +
+            f' {rows * NEW_TOKENS / r.torch_s:>12.0f} {r.speedup:>7.2f}x {r.compile_s:>9.1f} '
             f'{r.step_s * 1e3:>8.2f} {flop_floor * 1e3:>8.2f}ms {mem_floor * 1e3:>7.2f}ms')
-    print('ms/step = rlreason decode time per step, (t(128) - t(1)) / 127; floors per step: '
+    print('tokens/s; speedup and ms/step are for the faster rlreason layout of each config; '
+          'ms/step = decode time per step, (t(128) - t(1)) / 127; floors per step: '
           f'FLOPs at {peak:.0f} GFLOP/s, weights + average K/V bytes at {bw:.1f} GB/s.')
   if prefill:
     print(f'\nprefill: {PROMPTS} prompts x {PREFILL_LEN} tokens, G={PREFILL_GROUP}, whole '
@@ -281,6 +314,7 @@ def print_report(decode, prefill, rates, bandwidth, args):
       print(f'{name:<7} {shared_s:>9.3f} {naive_s:>9.3f} {naive_s / shared_s:>7.2f}x')
   for r in decode:
     if r.config == 'mid':
+      print(f'mid: the faster layout is {r.best}')
       print(f'sampler_speedup_vs_transformers={r.speedup:.3f}')
 
 
@@ -293,7 +327,12 @@ def main(argv=None):
   parser.add_argument('--prefill_runs', type=int, default=3)
   parser.add_argument('--skip_decode', action='store_true')
   parser.add_argument('--torch_omp_wait', default='PASSIVE', choices=('PASSIVE', 'ACTIVE'))
+  parser.add_argument('--cpu_devices', type=int, default=os.cpu_count(),
+                      help='sharding.split_cpu_host(N): the CPU as N single-threaded devices, '
+                      'rlreason timed on one of them and data-parallel on all (1: XLA default)')
   args = parser.parse_args(argv)
+  if args.cpu_devices > 1:
+    sharding.split_cpu_host(args.cpu_devices)
 
   # Read by OpenMP when torch first loads it, so it must be set before the first import.
   os.environ['OMP_WAIT_POLICY'] = args.torch_omp_wait

@@ -39,6 +39,9 @@ _INIT_TIMEOUT = flags.DEFINE_float(
     'init_timeout_s', 300.0, 'Give up if not every process has joined within this time.')
 _PEER_TIMEOUT = flags.DEFINE_float(
     'peer_timeout_s', 60.0, 'Exit when a peer has sent no heartbeat for this long.')
+_CPU_DEVICES = flags.DEFINE_integer(
+    'cpu_devices', 0, 'On a CPU host: run as this many single-threaded XLA devices, rows '
+    'sharded over them (sharding.split_cpu_host; e.g. $(nproc)). 0 keeps one device.')
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
@@ -94,6 +97,9 @@ def main(argv):
   del argv
   # orbax logs every file it writes at INFO; keep the console for the run's own progress.
   absl_logging.set_verbosity(absl_logging.WARNING)
+  if _CPU_DEVICES.value:
+    from rlreason import sharding
+    sharding.split_cpu_host(_CPU_DEVICES.value)
   watchdog = _start_multihost()
   try:
     metrics = run(_CONFIG.value, pathlib.Path(_WORKDIR.value))

@@ -203,11 +203,16 @@ def test_no_recompilation_within_a_bucket(params, monkeypatch):
   sampler._generate_fn.cache_clear()
 
 
-def test_sharded_greedy_equals_single_device(params, prompts):
+@pytest.mark.parametrize('stop', [False, True])
+def test_sharded_greedy_equals_single_device(params, prompts, stop):
   mesh = sharding.make_mesh({'data': 2, 'fsdp': 1, 'tensor': 4})
   # 34 new tokens: two decode chunks, each with its own sharded cache segment.
   kw = dict(cfg=CFG, group_size=4, max_new_tokens=34, temperature=0.0, rng=jax.random.key(8))
   single = sampler.generate(params, prompts, **kw)
+  if stop:  # Rows stop at different steps; the sharded loop asks "all done?" every 8 only.
+    kw['stop_tokens'] = tuple(int(single.tokens_NxL[n, j]) for n, j in ((0, 5), (4, 9), (8, 12)))
+    single = sampler.generate(params, prompts, **kw)
+    assert not single.truncated_N.any() and int(single.lengths_N.max()) <= 13
   with jax.set_mesh(mesh):
     sharded_params = jax.device_put(params, sharding.param_shardings(CFG, mesh,
                                                                      sharding.SAMPLE_RULES))
@@ -215,6 +220,20 @@ def test_sharded_greedy_equals_single_device(params, prompts):
   assert sharded.tokens_NxL.sharding.spec[0] in ('data', ('data', 'fsdp'))
   np.testing.assert_array_equal(sharded.tokens_NxL, single.tokens_NxL)
   np.testing.assert_allclose(sharded.logprobs_NxL, single.logprobs_NxL, atol=1e-5)
+
+
+def test_sharded_rows_ask_whether_all_are_done_every_k_steps():
+  keep = lambda i, done, **kw: bool(sampler._keep_decoding(
+      (jnp.int32(i), None, jnp.asarray(done)), stop=20, **kw))
+  some, every = [True, False], [True, True]
+  for i in range(20):  # One device: exact, every step.
+    assert keep(i, some, early_exit=True, check_every=1)
+    assert not keep(i, every, early_exit=True, check_every=1)
+    assert keep(i, every, early_exit=False, check_every=1)  # No stop tokens: run to the end.
+    assert keep(i, some, early_exit=True, check_every=8)
+    assert keep(i, every, early_exit=True, check_every=8) == (i % 8 != 0)
+  assert not keep(20, some, early_exit=True, check_every=8)
+  assert not keep(20, some, early_exit=False, check_every=1)
 
 
 def test_bf16_cache_halves_the_estimate_and_runs(params, prompts):

@@ -154,7 +154,7 @@ def split_cpu_host(devices: int) -> None:
   For a multi-core CPU host (a laptop, a CI runner): with one device per core, a batch sharded
   over 'data' runs as `devices` independent streams, where one device would split each small
   op across the cores and wait for them. Measured by experiments/bench/sampler.py on a 2-core
-  VM: the small config's sampler runs 1.4-2x faster, data-parallel on 2 devices, than on one;
+  VM: the small config's sampler runs 1.3-1.6x faster, data-parallel on 2 devices, than on one;
   the mid config's does not (each device reads all the weights, twice the memory traffic).
 
   Call it right after `import jax`, before anything runs (XLA reads its flags and the device

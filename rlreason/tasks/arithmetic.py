@@ -20,9 +20,14 @@ fraction of the columns whose sum lies in `sums` it writes the digit but drops t
 and continues consistently from its own wrong chain, so its final answer is wrong exactly
 when it dropped a carry. SFT on it learns the flaw; only a reward on the answer removes it.
 
+`verify_carry_chain` judges a final_answer=False chain against the true addition of the
+operands, every digit and every carry flag.
+
 Not here: tokenization (build a character vocabulary from `CHARS`), subtraction or
-multiplication, answer checking.
+multiplication, checking the integer after '####' (rlreason.verifiers' `arithmetic`).
 """
+
+import re
 
 from rlreason.tasks import example as example_lib
 from rlreason.verifiers import verdict
@@ -151,19 +156,45 @@ def flawed_solution(example: example_lib.Example, *, rng, drop_carry_prob: float
   return solution
 
 
+_COLUMN = re.compile(r'[0-9],[01]')  # One column: exactly one ASCII digit, a comma, 0 or 1.
+
+
 @verdict.verifier
 def verify_carry_chain(item) -> verdict.Verdict:
   """Verifier 'rlreason.tasks.arithmetic:verify_carry_chain' for final_answer=False solutions.
 
-  Item: completion (a 'digit,carry' chain, least significant column first), answer (the sum).
-  The chain is read as a number (its digits backwards, a leading 1 when the last column
-  carries), so a chain with a wrong carry anywhere gives the wrong number.
+  Item: completion (a 'digit,carry' chain, least significant column first), answer (the sum),
+  operands ([a, b], from the example's meta). Correct iff the chain is, column for column,
+  the true addition of a and b: every digit and every carry flag, one pair per column of the
+  longer operand, no more, no fewer. So a wrong intermediate carry is wrong even when the
+  digits (and so the number the chain spells) are right; the answer is checked against the
+  operands as a guard on the item, and the chain's number against the answer.
+
+  Statuses: parse_failure when a column is not exactly 'd,c' (d an ASCII digit, c 0 or 1)
+  or the completion is empty; wrong for a well-formed chain with a wrong digit, a wrong
+  carry, or too few or too many columns; invalid_input when operands are missing or do not
+  sum to the answer.
   """
   text = verdict.completion_text(item).strip()
-  try:
-    pairs, _ = parse_solution(text + example_lib.ANSWER_MARKER)
-  except ValueError as e:
-    return verdict.failure(verdict.PARSE_FAILURE, f'not a digit,carry chain: {e}')
-  if not pairs or any(not (0 <= d <= 9 and c in (0, 1)) for d, c in pairs):
-    return verdict.failure(verdict.PARSE_FAILURE, 'chain has digits outside 0-9 or carries outside 0/1')
-  return verdict.judged(_write(pairs)[1] == verdict.gold_text(item))
+  columns = text.split()
+  bad = [c for c in columns if not _COLUMN.fullmatch(c)]
+  if bad:
+    return verdict.failure(verdict.PARSE_FAILURE, f'not a digit,carry column: {bad[0]!r}')
+  pairs = [(int(c[0]), int(c[2])) for c in columns]
+  gold = verdict.gold_text(item).strip()
+  operands = item.get('operands')
+  if (not isinstance(operands, (list, tuple)) or len(operands) != 2
+      or any(type(x) is not int or x < 0 for x in operands)):
+    return verdict.failure(verdict.INVALID_INPUT, f'operands: expected [a, b], got {operands!r}')
+  a, b = operands
+  if str(a + b) != gold:
+    return verdict.failure(verdict.INVALID_INPUT, f'operands {a}+{b} do not sum to {gold!r}')
+  truth = _chain(a, b, max(len(str(a)), len(str(b))))
+  if len(pairs) != len(truth):
+    return verdict.judged(False, detail=f'{len(pairs)} columns, expected {len(truth)}')
+  wrong = [n for n, (p, t) in enumerate(zip(pairs, truth)) if p != t]
+  if wrong:
+    return verdict.judged(False, detail=f'column {wrong[0]} (least significant is 0) is '
+                                        f'{pairs[wrong[0]]}, expected {truth[wrong[0]]}')
+  # Implied by the columns matching a+b == answer; kept so the verdict never rests on _chain.
+  return verdict.judged(_write(pairs)[1] == gold)

@@ -182,7 +182,7 @@ def verify_math(item: Mapping[str, Any]) -> V.Verdict:
   text = V.completion_text(item)
   gold = answer_extraction.strip_thousands(V.gold_text(item).strip())
   rel_tol = V.option(item, 'rel_tol', 1e-6, float)
-  cpu_s = V.option(item, 'cpu_s', 2.0, float)
+  cpu_s = V.positive_option(item, 'cpu_s', 2.0, float)
   guards = V.option(item, 'guards', True, bool)
 
   answer, where = answer_extraction.final_answer(text, tags=())

@@ -18,6 +18,7 @@ Not here: any verifier, batching, or reward composition.
 
 import dataclasses
 import functools
+import math
 from typing import Any, Callable, Mapping
 
 CORRECT = 'correct'
@@ -148,4 +149,16 @@ def option(item: Mapping[str, Any], name: str, default: Any, kind: type | tuple[
     value = float(value)
   if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
     raise ItemError(INVALID_INPUT, f'{name}: expected {kind}, got {type(value).__name__}')
+  return value
+
+
+def positive_option(item: Mapping[str, Any], name: str, default: Any,
+                    kind: type | tuple[type, ...]) -> Any:
+  """`option` for a budget or a size: zero, negative, NaN or infinite is invalid input.
+
+  A CPU budget of 0 would otherwise mean "no limit" to setitimer and setrlimit alike.
+  """
+  value = option(item, name, default, kind)
+  if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+    raise ItemError(INVALID_INPUT, f'{name}: expected a positive finite number, got {value!r}')
   return value

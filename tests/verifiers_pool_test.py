@@ -122,6 +122,26 @@ def test_items_queued_behind_a_stuck_item_still_finish(pool):
   assert not settle(pool)
 
 
+
+def test_a_worker_left_with_stale_prefetches_is_not_killed():
+  # Round-robin prefetch gives worker A items 0 (2 s) and 2 (0.6 s), worker B items 1 and 3.
+  # Once A counts as stuck (STUCK_S), item 2 is stolen and finished by B. When item 0 ends
+  # the batch is complete, and A still owes item 2's result, which nobody needs: A must
+  # finish it in peace, not be killed and counted as a deadline kill (it met no deadline).
+  with pool_lib.VerifierPool(num_workers=2, spare_workers=1, item_timeout_s=30,
+                             warmup=False) as p:
+    pids = set(p.worker_pids())
+    items = [{'seconds': s} for s in (2.0, 0.01, 0.6, 0.01)]
+    verdicts = p.score(items, verifier=F + 'sleep', deadline_s=30)
+    assert [v.status for v in verdicts] == [V.CORRECT] * 4
+    assert p.stats().workers_stopped == {}
+    # A's late result for the old batch is dropped; A takes part in the next batch.
+    verdicts = p.score([{}] * 12, verifier=F + 'worker_pid', deadline_s=30)
+    assert [v.status for v in verdicts] == [V.CORRECT] * 12
+    assert p.stats().workers_stopped == {}
+    assert set(p.worker_pids()) == pids
+
+
 def test_worker_ignoring_sigterm_gets_sigkill(pool):
   verdict, = pool.score([{}], verifier=F + 'ignore_sigterm', deadline_s=10)
   assert verdict.status == V.TIMEOUT

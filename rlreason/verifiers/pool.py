@@ -23,6 +23,9 @@ What `score` guarantees:
     caller's thread) and replaced;
   * a worker that dies costs only the item it was running (status crash); the items queued
     behind it go to other workers;
+  * a worker that still holds prefetched items another worker already finished is left to
+    finish them (their results are dropped), not stopped: workers_stopped counts only
+    timeouts, crashes, deadlines and recycling;
   * every failure status gets `default_reward`;
   * workers are retired after `recycle_after` items (sympy's caches only grow).
 
@@ -44,6 +47,7 @@ from rlreason.verifiers import registry
 from rlreason.verifiers import verdict as V
 
 _PREFETCH_MAX_BYTES = 8192  # queued payloads must fit a socket buffer: send never blocks.
+_STALE = None  # in _Worker.inflight: an earlier batch's item, whose result nobody awaits.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,12 +184,16 @@ class VerifierPool:
         elif w.inflight and now - w.head_since > self.STUCK_S:
           # Items prefetched behind a stuck one go to other workers meanwhile; whichever
           # result comes first counts.
-          tail = [i for i in list(w.inflight)[1:] if i not in w.stolen]
+          tail = [i for i in list(w.inflight)[1:] if i is not _STALE and i not in w.stolen]
           w.stolen.update(tail)
           batch.queue.extendleft(reversed(tail))
     for w in list(self._workers):
-      if w.inflight:
+      if any(i is not _STALE and batch.results[i] is None for i in w.inflight):
         self._abandon(w, batch, f'batch deadline of {deadline_s:g}s reached', 'deadline')
+      elif w.inflight:
+        # Stolen items that other workers finished: w finishes them too (a kill would cost
+        # a respawn and count as a deadline kill that no deadline caused).
+        w.inflight = collections.deque([_STALE] * len(w.inflight))
     for index in batch.queue:
       batch.settle(index, V.failure(V.TIMEOUT, 'batch deadline reached before the item started'))
     self._top_up()
@@ -288,10 +296,17 @@ class VerifierPool:
   def _abandon(self, w: _Worker, batch: _Batch, detail: str, reason: str) -> None:
     """Gives up on w's running item (timeout) and re-queues the ones behind it."""
     index = w.inflight.popleft()
-    batch.settle(index, dataclasses.replace(V.failure(V.TIMEOUT, detail),
-                                            latency_s=time.monotonic() - w.head_since))
-    batch.queue.extendleft(reversed([i for i in w.inflight if i not in w.stolen]))
+    if index is not _STALE:
+      batch.settle(index, dataclasses.replace(V.failure(V.TIMEOUT, detail),
+                                              latency_s=time.monotonic() - w.head_since))
+    self._requeue(w, batch)
     self._remove(w, reason, graceful=False)
+
+  @staticmethod
+  def _requeue(w: _Worker, batch: _Batch) -> None:
+    """Puts the items queued behind w's head back at the front of the batch's queue."""
+    batch.queue.extendleft(reversed([i for i in w.inflight
+                                     if i is not _STALE and i not in w.stolen]))
 
   def _dispatch(self, batch: _Batch) -> None:
     """Round-robin, one item per ready worker per round, up to `prefetch` each.
@@ -367,14 +382,19 @@ class VerifierPool:
           w.done += 1
           w.head_since = time.monotonic()
           batch.settle(index, V.Verdict(reward, status, components, detail, latency))
+        elif _STALE in w.inflight:  # an earlier batch's result, delivered by another worker.
+          w.inflight.remove(_STALE)
+          w.done += 1
+          w.head_since = time.monotonic()
     except (EOFError, OSError):
       dead = True
     if dead or w.process.exitcode is not None:
       self._failed_starts += not w.ready
       if w.inflight and batch is not None:
         index = w.inflight.popleft()
-        code = w.process.exitcode
-        batch.settle(index, V.failure(V.CRASH, f'worker died (exit code {code})'))
-        batch.queue.extendleft(reversed([i for i in w.inflight if i not in w.stolen]))
+        if index is not _STALE:
+          code = w.process.exitcode
+          batch.settle(index, V.failure(V.CRASH, f'worker died (exit code {code})'))
+        self._requeue(w, batch)
         w.inflight.clear()
       self._remove(w, 'crash', graceful=False)

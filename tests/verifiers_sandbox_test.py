@@ -1,13 +1,17 @@
 """The sandbox (statuses, limits, cleanup) and the `python_tests` verifier on top of it."""
 
+import json
 import os
 import pathlib
+import shutil
+import subprocess
 import tempfile
 
 import pytest
 
 from rlreason.verifiers import python_tests
 from rlreason.verifiers import sandbox
+from rlreason.verifiers import sandbox_init
 from rlreason.verifiers import verdict as V
 
 FAST = sandbox.Limits(cpu_s=1, wall_s=3.0)
@@ -92,9 +96,107 @@ def test_python_tests_partial_credit_io_cases_and_forgery():
       'completion': 'a, b = map(int, input().split())\nprint(a + b)',
       'io_cases': [{'input': '1 2', 'output': '3'}, {'input': '5 5\n', 'output': ' 10\n'}]})
   assert (io.status, io.components['pass_rate']) == (V.CORRECT, 1.0)
-  # Reading the tests or printing a report line without the nonce gets nothing.
+  # No file holds the tests, and a report line in the old format counts for nothing.
   forged = python_tests.verify_python_tests({'completion': (
       'print(open("tests.json").read())\n'
       'print("0" * 32 + " {\\"passed\\": 2, \\"total\\": 2, \\"failures\\": []}")'), 'tests': ADD})
   assert forged.status == V.WRONG and 'No such file' in forged.detail
   assert python_tests.verify_python_tests({'completion': 'x'}).status == V.INVALID_INPUT
+
+
+PROJECT = pathlib.Path(__file__).resolve().parents[1]
+HOST_FILES = [PROJECT / 'setup.py', PROJECT / 'rlreason' / '__init__.py',
+              PROJECT.parent / 'shared' / 'design.md', pathlib.Path.home() / '.bashrc',
+              pathlib.Path(f'/proc/{os.getpid()}/environ'),
+              pathlib.Path(f'/proc/{os.getpid()}/cmdline'), pathlib.Path('/etc/hostname')]
+
+
+def test_no_host_file_is_readable_at_the_os_level():
+  # A shell is not under the Python hook: only the OS layer stands between it and the host.
+  paths = [str(p) for p in HOST_FILES if p.exists()]
+  assert len(paths) >= 4
+  result = sandbox.run(['/bin/sh', '-c', 'for f in "$@"; do cat "$f"; done; ls -a / /tmp /proc',
+                        'sh', *paths])
+  assert result.status in ('ok', 'error'), result
+  for path in paths:
+    content = pathlib.Path(path).read_bytes()[:200].decode('utf-8', 'replace').strip()
+    if len(content) >= 8:
+      assert content[:60] not in result.stdout, path
+  assert 'rlreason-sandbox' not in result.stdout or sandbox.isolation() != 'namespaces'
+  assert str(os.getpid()) not in result.stdout.split()
+
+
+def test_the_standard_library_still_works():
+  result = sandbox.run_python('import json, re, math, fractions, collections, decimal, heapq\n'
+                              'import datetime, itertools, functools, random, string, time\n'
+                              'print(json.dumps(sorted(collections.Counter("abca").items())))\n'
+                              'print(random.random() < 1, time.localtime().tm_year > 2000)')
+  assert result.status == 'ok', result
+  assert result.stdout.splitlines() == ['[["a", 2], ["b", 1], ["c", 1]]', 'True True']
+
+
+_WEAK_LEVEL = r'''
+import json, os, pathlib, signal, sys, types
+# Load sandbox.py without the package's __init__ (whose imports a bare interpreter lacks).
+root = pathlib.Path(sys.argv[1])
+for name, path in (('rlreason', root / 'rlreason'), ('rlreason.verifiers', root / 'rlreason/verifiers')):
+  module = types.ModuleType(name)
+  module.__path__ = [str(path)]
+  sys.modules[name] = module
+from rlreason.verifiers import sandbox
+out = {'isolation': sandbox.isolation(), 'uid': os.getuid()}
+try:
+  sandbox.check_isolation()
+  out['check'] = 'passed'
+except RuntimeError as e:
+  out['check'] = str(e)
+parent = os.getpid()  # same uid as the sandboxed code when run as a user
+code = (f'import os\ntry:\n  os.kill({parent}, 0)\n  print("signalled")\nexcept OSError as e:\n'
+        f'  print("no signal", e.errno)\n'
+        f'for p in ["/proc/{parent}/environ", {str(root / "setup.py")!r}]:\n'
+        '  try:\n    print(open(p).read()[:30])\n  except OSError as e:\n    print("no read", e.errno)\n')
+r = sandbox.run([sandbox.python_interpreter(), '-I', '-S', '-c', code])
+out['run'] = [r.status, r.stdout, r.stderr[-300:]]
+print(json.dumps(out))
+'''
+
+
+def _weak_level(level, *, user=None, allow=False):
+  env = {'PATH': '/usr/bin:/bin', 'RLREASON_SANDBOX_ISOLATION': level,
+         **({sandbox.WEAK_ENV: 'allow'} if allow else {})}
+  prefix = ['setpriv', f'--reuid={user}', f'--regid={user}', '--clear-groups'] if user else []
+  run = subprocess.run([*prefix, sandbox.python_interpreter(), '-I', '-c', _WEAK_LEVEL,
+                        str(PROJECT)], capture_output=True, text=True, env=env, timeout=60)
+  assert run.returncode == 0, run.stderr
+  return json.loads(run.stdout.splitlines()[-1]), run.stderr
+
+
+def test_rlimits_level_is_refused_unless_allowed_and_says_so():
+  out, _ = _weak_level('rlimits')
+  assert out['isolation'] == 'rlimits'
+  assert 'Refused' in out['check'] and sandbox.WEAK_ENV in out['check']
+  assert out['run'][0] == 'refused'
+  allowed, stderr = _weak_level('rlimits', allow=True)
+  assert allowed['check'] == 'passed' and "isolation 'rlimits'" in stderr
+  assert allowed['run'][0] == 'ok'
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which('setpriv') or
+                    sandbox_init.landlock_abi() < sandbox_init.LANDLOCK_MIN_ABI,
+                    reason='needs root (to become another user) and Landlock ABI >= 6')
+@pytest.mark.parametrize('user', [None, 65534])
+def test_landlock_level_blocks_signals_and_host_reads(user):
+  if user and not _world_readable(PROJECT):
+    pytest.skip('the project is not readable by other users here')
+  out, stderr = _weak_level('landlock', user=user)
+  assert out['isolation'] == 'landlock' and out['check'] == 'passed'
+  assert "isolation 'landlock'" in stderr
+  status, stdout, err = out['run']
+  assert status == 'ok', err
+  lines = stdout.splitlines()
+  assert lines[0].startswith('no signal'), lines  # EPERM under Landlock's signal scope.
+  assert lines[1].startswith('no read') and lines[2].startswith('no read'), lines
+
+
+def _world_readable(path):
+  return all(os.stat(p).st_mode & 0o005 == 0o005 for p in [path, *path.parents])

@@ -1,103 +1,155 @@
 """`python_tests`: run model-written Python against unit tests, inside the sandbox.
 
 Item: completion, and tests and/or io_cases:
-  tests      assert statements (a list of strings, or one string of code), run one by one
-             in the namespace the solution defined (MBPP / HumanEval style);
+  tests      assert statements (a list of strings, or one string of code; each string is one
+             test) on the functions the solution defines (MBPP style);
   io_cases   [{"input": str, "output": str}, ...]: the solution runs as a script with that
              stdin; its stdout must equal `output` up to whitespace (APPS style).
-Options: partial_credit (reward = pass fraction instead of all-or-nothing), cpu_s.
+Options: partial_credit (reward = pass fraction instead of all-or-nothing), cpu_s (> 0),
+test_mode ('isolated', the default, or 'in_process').
+
+Verdicts the solution cannot forge (test_mode='isolated'). Nothing the sandboxed process
+can write decides a test on its own:
+  * io_cases: each case is its own sandboxed run, its input on a stdin pipe that is closed
+    after it; this process compares the run's stdout with the expected output, which never
+    enters the sandbox. A case whose run did not exit 0 fails.
+  * tests: test_probes.py splits each assert into probes (the solution's calls with their
+    arguments) and checks (the comparisons, with the expected values). One sandboxed run
+    evaluates the probes in the solution's namespace and returns their values as plain
+    data; this process decodes them and evaluates the checks. A test counts only if every
+    probe's value arrived; a probe that raised (SystemExit included) fails its test.
+  So ending the process early loses tests, forging the report line only claims values the
+  solution could have returned, reading the harness's frames or stdin finds no expected
+  value, and objects whose comparisons always succeed cannot cross as plain data.
+test_mode='in_process' runs free-form test code (loops, `def check(candidate)`) inside the
+solution's process and trusts its report: a solution that introspects the interpreter can
+forge it. Use it for trusted evaluation only, never as an RL reward; an isolated item
+whose tests cannot be split is invalid_input, naming the test.
 
 The code is the last ```python (or ```) fenced block, else the whole completion. It runs
-with the standard library only (python -I -S), once per item, in one sandboxed process.
-The runner takes the tests and a per-run nonce into memory and deletes their files before
-the solution runs, so the solution cannot read the expected outputs or forge the nonce'd
-report line without introspecting the interpreter.
+with the standard library only (python -I -S).
 
-Outcomes: correct (all pass); wrong (some fail, or the program exits before reporting);
-parse_failure (no code, or a SyntaxError); timeout; sandbox_violation (a sandbox rule,
-the memory or the file-size limit). Not here: other languages, or pass@k.
+Outcomes: correct (all pass); wrong (some fail); parse_failure (no code, or a SyntaxError);
+timeout; sandbox_violation (a sandbox rule, the memory or the file-size limit);
+invalid_input (no tests, a test that cannot be split, a bad option). Not here: other
+languages, or pass@k.
 """
 
+import inspect
 import json
-import re
 import secrets
 from typing import Any, Mapping
 
 from rlreason.verifiers import sandbox
+from rlreason.verifiers import test_probes
 from rlreason.verifiers import verdict as V
 
 LIMITS = sandbox.Limits(cpu_s=3, wall_s=6.0)
-_FENCE = re.compile(r'```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```', re.DOTALL | re.IGNORECASE)
+MODES = ('isolated', 'in_process')
+_CODE_TAGS = ('', 'python', 'py', 'python3')
 
-_RUNNER = r'''
+# Evaluates the probes in the solution's namespace; one tagged line per probe. The tag is
+# not a secret that protects anything (the solution can read it): it only keeps the
+# solution's own prints from being parsed as records.
+_PROBE_RUNNER = r'''
 import contextlib, errno, io, json, os, sys
-nonce = sys.stdin.readline().strip()
-os.remove('.stdin')
-with open('tests.json', encoding='utf-8') as f:
-  spec = json.load(f)
-os.remove('tests.json')
+spec = json.loads(sys.stdin.read())
+sys.stdin.close()
+os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
 out = os.dup(1)
+%(encoder)s
 
-def report(**fields):
-  os.write(out, ('\n' + nonce + ' ' + json.dumps(fields) + '\n').encode())
-
-class Capped(io.StringIO):
-  def write(self, s):
-    return super().write(s) if self.tell() < 1 << 20 else len(s)
+def send(**fields):
+  os.write(out, ('\n' + spec['tag'] + ' ' + json.dumps(fields) + '\n').encode())
 
 def fatal(e):
   # Resource limits end the run (the sandbox reports them); they are not test failures.
   return isinstance(e, MemoryError) or (isinstance(e, OSError) and e.errno == errno.EFBIG)
 
-def run(code, namespace, stdin=''):
-  sys.stdin = io.StringIO(stdin)
-  buf = Capped()
-  with contextlib.redirect_stdout(buf):
-    try:
-      exec(code, namespace)
-    except SystemExit:
-      pass
-  return buf.getvalue()
+class Capped(io.StringIO):
+  def write(self, s):
+    return super().write(s) if self.tell() < 1 << 20 else len(s)
+
+def quiet(fn, *args):
+  with contextlib.redirect_stdout(Capped()):
+    return fn(*args)
+
+try:
+  code = compile(spec['solution'], 'solution.py', 'exec')
+except (SyntaxError, ValueError) as e:
+  send(compile_error=str(e)[:300])
+  sys.exit(0)
+namespace = {'__name__': 'solution'}
+try:
+  quiet(exec, code, namespace)
+except BaseException as e:
+  if fatal(e):
+    raise
+  send(solution_error=(type(e).__name__ + ': ' + str(e))[:200])
+for i, source in enumerate(spec['probes']):
+  try:
+    value = encode_value(quiet(eval, compile(source, 'probe', 'eval'), namespace))
+    send(i=i, value=value)
+  except BaseException as e:
+    if fatal(e):
+      raise
+    send(i=i, error=(type(e).__name__ + ': ' + str(e))[:200])
+''' % {'encoder': inspect.getsource(test_probes.encode_value)}
+
+# test_mode='in_process': free-form tests in the solution's namespace (trusted; see above).
+_IN_PROCESS_RUNNER = r'''
+import contextlib, errno, io, json, os, sys
+spec = json.loads(sys.stdin.read())
+sys.stdin.close()
+os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+out = os.dup(1)
+
+def report(**fields):
+  os.write(out, ('\n' + spec['tag'] + ' ' + json.dumps(fields) + '\n').encode())
+
+def fatal(e):
+  return isinstance(e, MemoryError) or (isinstance(e, OSError) and e.errno == errno.EFBIG)
 
 try:
   code = compile(spec['solution'], 'solution.py', 'exec')
 except (SyntaxError, ValueError) as e:
   report(compile_error=str(e)[:300])
   sys.exit(0)
+namespace = {'__name__': 'solution'}
 passed, failures = 0, []
-if spec['tests']:
-  namespace = {'__name__': 'solution'}
+
+class Capped(io.StringIO):
+  def write(self, s):
+    return super().write(s) if self.tell() < 1 << 20 else len(s)
+
+with contextlib.redirect_stdout(Capped()):
   try:
-    run(code, namespace)
+    exec(code, namespace)
   except BaseException as e:
     if fatal(e):
       raise
     failures.append('solution raised ' + repr(e)[:200])
   for test in spec['tests']:
     try:
-      run(compile(test, 'test', 'exec'), namespace)
+      exec(compile(test, 'test', 'exec'), namespace)
       passed += 1
     except BaseException as e:
       if fatal(e):
         raise
       failures.append((test[:100], repr(e)[:100]))
-for case in spec['io_cases']:
-  try:
-    got = run(code, {'__name__': '__main__'}, case['input'])
-    ok = got.split() == case['output'].split()
-  except BaseException as e:
-    if fatal(e):
-      raise
-    ok, got = False, repr(e)
-  passed += ok
-  if not ok:
-    failures.append((case['input'][:50], got[:50]))
-report(passed=passed, total=len(spec['tests']) + len(spec['io_cases']), failures=failures[:3])
+report(passed=passed, failures=failures[:3])
 '''
 
 
 def extract_code(text: str) -> str:
-  blocks = _FENCE.findall(text)
+  """The last ```python / ``` fenced block, else the whole text (a linear scan, no regex)."""
+  parts = text.split('```')
+  blocks, i = [], 1
+  while i < len(parts) - 1:  # parts[i] follows an opening fence; parts[i + 1] its closing one.
+    head, newline, body = parts[i].partition('\n')
+    if newline and head.strip().lower() in _CODE_TAGS:
+      blocks.append(body)
+    i += 2
   return (blocks[-1] if blocks else text).strip()
 
 
@@ -117,35 +169,147 @@ def _tests(item: Mapping[str, Any]) -> tuple[list[str], list[dict[str, str]]]:
   return tests, cases
 
 
-@V.verifier
-def verify_python_tests(item: Mapping[str, Any]) -> V.Verdict:
-  """Item: completion, tests and/or io_cases; optional partial_credit, cpu_s."""
-  text = V.completion_text(item)
-  tests, cases = _tests(item)
-  code = extract_code(text)
-  if not code:
-    return V.failure(V.PARSE_FAILURE, 'no code')
-  cpu_s = V.option(item, 'cpu_s', LIMITS.cpu_s, int)
-  limits = sandbox.Limits(**{**LIMITS.__dict__, 'cpu_s': cpu_s, 'wall_s': cpu_s + 3.0})
-  nonce = secrets.token_hex(16)
-  spec = json.dumps({'solution': code, 'tests': tests, 'io_cases': cases})
-  result = sandbox.run_python(_RUNNER, files={'tests.json': spec}, limits=limits,
-                              stdin=nonce + '\n')
+def _records(stdout: str, tag: str) -> list[dict]:
+  records = []
+  for line in stdout.splitlines():
+    if line.startswith(tag + ' '):
+      try:
+        record = json.loads(line[len(tag) + 1:])
+      except (ValueError, RecursionError):
+        continue
+      if isinstance(record, dict):
+        records.append(record)
+  return records
+
+
+def _sandbox_failure(result: sandbox.SandboxResult) -> V.Verdict | None:
   if result.status == 'timeout':
     return V.failure(V.TIMEOUT, result.detail)
   if result.status in ('violation', 'memory'):
     return V.failure(V.SANDBOX_VIOLATION, f'{result.status}: {result.detail}')
-  report = None
-  for line in result.stdout.splitlines():
-    if line.startswith(nonce + ' '):
-      report = json.loads(line[len(nonce) + 1:])
-  if report is None:
-    return V.judged(False, detail=f'no test report ({result.detail}): {result.stderr[-200:]}')
-  if 'compile_error' in report:
-    return V.failure(V.PARSE_FAILURE, f'SyntaxError: {report["compile_error"]}')
-  passed, total = report['passed'], report['total']
-  rate = passed / total if total else 0.0
+  return None
+
+
+def _run_probes(code: str, tests: list[str], limits: sandbox.Limits
+                ) -> tuple[V.Verdict | None, list[bool], list]:
+  """Splits the tests, runs their probes in one sandbox, checks the values here."""
+  splits = []
+  for number, test in enumerate(tests):
+    try:
+      splits.append(test_probes.split_test(test))
+    except test_probes.Unsupported as e:
+      raise V.ItemError(V.INVALID_INPUT, f'tests[{number}] {test[:80]!r} cannot be checked '
+                        f"outside the solution's process: {e}; test_mode='in_process' runs "
+                        'it as trusted code') from None
+  sources = [p for s in splits for p in s.probes]
+  tag = secrets.token_hex(8)
+  spec = json.dumps({'solution': code, 'probes': sources, 'tag': tag})
+  result = sandbox.run_python(_PROBE_RUNNER, limits=limits, stdin=spec)
+  failed = _sandbox_failure(result)
+  if failed:
+    return failed, [], []
+  values, errors, raised = {}, {}, []
+  for record in _records(result.stdout, tag):
+    if 'compile_error' in record:
+      return V.failure(V.PARSE_FAILURE, f'SyntaxError: {record["compile_error"]}'), [], []
+    if 'solution_error' in record:
+      raised = [f'solution raised {str(record["solution_error"])[:150]}']
+    i = record.get('i')
+    if not isinstance(i, int) or i in values or i in errors:
+      continue  # the first record of a probe counts.
+    try:
+      values[i] = test_probes.decode_value(record['value'])
+    except (KeyError, ValueError, TypeError, RecursionError):
+      errors[i] = str(record.get('error', 'no value'))[:100]
+  passed, failures, offset = [], [], 0
+  for test, split in zip(tests, splits):
+    ids = range(offset, offset + len(split.probes))
+    offset += len(split.probes)
+    missing = [i for i in ids if i not in values]
+    ok = not missing and all(test_probes.run_check(check, [values[i] for i in ids])
+                             for check in split.checks)
+    passed.append(ok)
+    if not ok:
+      why = errors.get(missing[0], 'no result (the run ended early)') if missing else 'false'
+      failures.append((test[:100], why))
+  if not values and not errors and result.status != 'ok':
+    raised.append(f'run ended: {result.detail} {result.stderr[-150:]}')
+  return None, passed, raised + failures
+
+
+def _run_in_process(code: str, tests: list[str], limits: sandbox.Limits
+                    ) -> tuple[V.Verdict | None, list[bool], list]:
+  tag = secrets.token_hex(16)
+  result = sandbox.run_python(_IN_PROCESS_RUNNER, limits=limits,
+                              stdin=json.dumps({'solution': code, 'tests': tests, 'tag': tag}))
+  failed = _sandbox_failure(result)
+  if failed:
+    return failed, [], []
+  records = _records(result.stdout, tag)
+  if records and 'compile_error' in records[-1]:
+    return V.failure(V.PARSE_FAILURE, f'SyntaxError: {records[-1]["compile_error"]}'), [], []
+  passed = records[-1].get('passed') if records else None
+  if not isinstance(passed, int):
+    return None, [False] * len(tests), [f'no test report ({result.detail})']
+  passed = min(max(passed, 0), len(tests))
+  return None, [True] * passed + [False] * (len(tests) - passed), records[-1].get('failures', [])
+
+
+def _run_io_cases(code: str, cases: list[dict[str, str]], limits: sandbox.Limits
+                  ) -> tuple[V.Verdict | None, list[bool], list]:
+  """One sandboxed run per case; the item's wall budget is shared by all of them."""
+  budget_end = limits.wall_s
+  passed, failures = [], []
+  for case in cases:
+    if budget_end <= 0.5:
+      return V.failure(V.TIMEOUT, f'wall clock over {limits.wall_s:g}s for the cases'), [], []
+    run_limits = sandbox.Limits(**{**limits.__dict__, 'wall_s': budget_end})
+    result = sandbox.run_python(code, limits=run_limits, stdin=case['input'])
+    budget_end -= result.wall_s
+    failed = _sandbox_failure(result)
+    if failed:
+      return failed, [], []
+    ok = result.status == 'ok' and result.stdout.split() == case['output'].split()
+    passed.append(ok)
+    if not ok:
+      failures.append((case['input'][:50], (result.stdout if result.status == 'ok'
+                                            else result.detail)[:50]))
+  return None, passed, failures
+
+
+@V.verifier
+def verify_python_tests(item: Mapping[str, Any]) -> V.Verdict:
+  """Item: completion, tests and/or io_cases; optional partial_credit, cpu_s, test_mode."""
+  text = V.completion_text(item)
+  tests, cases = _tests(item)
+  mode = V.option(item, 'test_mode', 'isolated', str)
+  if mode not in MODES:
+    raise V.ItemError(V.INVALID_INPUT, f'test_mode: {mode!r}, expected one of {MODES}')
+  cpu_s = V.option(item, 'cpu_s', LIMITS.cpu_s, int)
+  if cpu_s <= 0:
+    raise V.ItemError(V.INVALID_INPUT, f'cpu_s: {cpu_s}, expected a positive number of seconds')
+  code = extract_code(text)
+  if not code:
+    return V.failure(V.PARSE_FAILURE, 'no code')
+  try:
+    compile(code, 'solution.py', 'exec')
+  except (SyntaxError, ValueError) as e:
+    return V.failure(V.PARSE_FAILURE, f'SyntaxError: {e}')
+  limits = sandbox.Limits(**{**LIMITS.__dict__, 'cpu_s': cpu_s, 'wall_s': cpu_s + 3.0})
+  passed, failures = [], []
+  runs = []
+  if tests:
+    runs.append((_run_probes if mode == 'isolated' else _run_in_process, tests))
+  if cases:
+    runs.append((_run_io_cases, cases))
+  for run, what in runs:
+    failed, ok, why = run(code, what, limits)
+    if failed:
+      return failed
+    passed += ok
+    failures += why
+  rate = sum(passed) / len(passed)
   partial = V.option(item, 'partial_credit', False, bool)
-  return V.judged(passed == total, reward=rate if partial else float(passed == total),
+  return V.judged(all(passed), reward=rate if partial else float(all(passed)),
                   components={'pass_rate': rate},
-                  detail=f'{passed}/{total} passed {report["failures"]}')
+                  detail=f'{sum(passed)}/{len(passed)} passed {failures[:3]}')

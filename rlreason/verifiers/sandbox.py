@@ -4,27 +4,41 @@
   result.status, result.stdout  # ('ok', '45\\n')
 
 Each run gets a fresh private directory (removed afterwards, also when the pool kills
-the worker mid-run), a scrubbed environment (PATH, HOME, LANG only), stdin from a file,
-and rlimits on CPU time, address space, processes, file size and open files; the output
-it keeps is capped. Two isolation levels, chosen once per process by `isolation()`:
+the worker mid-run), a scrubbed environment (PATH, HOME, LANG only), its input on a stdin
+pipe that is closed once written, and rlimits on CPU time, address space, processes, file
+size and open files; the output it keeps is capped. Three isolation levels, chosen once
+per process by `isolation()`:
 
   'namespaces' (root, and `unshare` works, as on rlreason's machines and CI): new pid,
       mount and network namespaces (no interface but a down loopback: no network at all);
-      every mount but the private directory is read-only; the program runs under a
-      throwaway uid, so RLIMIT_NPROC binds and the parent's /proc entries are invisible;
-      when the program's first process exits, the kernel kills all the rest.
-  'rlimits' (anything else): rlimits, a new session killed as a group, and the Python
-      audit hook below only.
+      a private root holding only read-only binds of the system (/usr, the libraries, the
+      interpreter's installation without its site-packages, /dev/null and friends) and the
+      writable private directory, so nothing else of the host can be read or written; the
+      program runs under a throwaway uid, so RLIMIT_NPROC binds and nothing outside can be
+      signalled; when the program's first process exits, the kernel kills all the rest.
+      Landlock is added where the kernel has it.
+  'landlock' (not root, Linux >= 6.12): the program's process restricts itself with
+      Landlock to reading the same system paths and writing its private directory, no
+      signals out of its domain, no abstract unix sockets out, no TCP; plus rlimits and a
+      new session killed as a group. Weaker: it shares the host's pid and network
+      namespaces (other processes are listed, UDP is not blocked at the OS level).
+  'rlimits' (anything else): rlimits, a new session killed as a group and the Python audit
+      hook below; nothing at the OS level stops reads of host files, signals to the user's
+      processes, or files created by C code (os.mkfifo has no audit event). This level is
+      refused unless RLREASON_SANDBOX_WEAK=allow (WEAK_ENV) is set: `check_isolation`
+      says so once, loudly, at start-up; `run` refuses each call with status 'refused'.
 
 Python programs also run under an audit hook that ends the process (exit 86, status
-'violation') on fork/exec/subprocess, socket creation, ctypes, writes outside the private
-directory and reads of /proc/*/environ: the OS layer enforces, the hook names the cause.
+'violation') on fork/exec/subprocess, signals, socket creation, ctypes, sqlite, tracing,
+gc's object walks, rebinding a function's code, writes outside the private directory and
+reads outside it and the standard library (and any /proc/<pid>): the OS layer enforces,
+the hook names the cause. The hook holds no mutable state, so nothing reachable from
+inside can switch it off.
 Statuses: ok, timeout (wall clock or CPU), memory, violation (rule or file-size limit),
-error (nonzero exit or a crash).
+error (nonzero exit or a crash), refused (weak isolation not allowed).
 
 Deliberately not here: judging the program's output (python_tests.py, prolog.py), or a
-seccomp filter. The hook is bypassable by code that introspects the interpreter; the OS
-layer is what contains such code.
+seccomp filter.
 """
 
 import dataclasses
@@ -43,7 +57,10 @@ import tempfile
 import time
 from typing import Mapping, Sequence
 
+from rlreason.verifiers import sandbox_init
+
 _INIT = str(pathlib.Path(__file__).with_name('sandbox_init.py'))
+WEAK_ENV = 'RLREASON_SANDBOX_WEAK'
 _DIR_PREFIX = 'rlreason-sandbox-'
 VIOLATION_EXIT, MEMORY_EXIT = 86, 87
 _NAMESPACES = ('unshare', '--net', '--mount', '--pid', '--fork', '--kill-child', '--mount-proc')
@@ -62,7 +79,7 @@ class Limits:
 
 @dataclasses.dataclass(frozen=True)
 class SandboxResult:
-  status: str  # ok | timeout | memory | violation | error
+  status: str  # ok | timeout | memory | violation | error | refused
   exit_code: int | None  # negative: killed by that signal
   stdout: str
   stderr: str
@@ -74,14 +91,76 @@ class SandboxResult:
 
 @functools.cache
 def isolation() -> str:
-  """'namespaces' where this process may create them (and is root), else 'rlimits'."""
+  """'namespaces', 'landlock' or 'rlimits' (see the module docstring); RLREASON_SANDBOX_ISOLATION
+  may ask for a weaker level than the machine allows (for tests of the weaker levels)."""
+  asked = os.environ.get('RLREASON_SANDBOX_ISOLATION', '')
+  levels = ('namespaces', 'landlock', 'rlimits')
+  if asked and asked not in levels:
+    raise ValueError(f'RLREASON_SANDBOX_ISOLATION={asked!r}; expected one of {levels}')
+  if asked != 'landlock' and asked != 'rlimits' and _namespaces_work():
+    return 'namespaces'
+  if asked != 'rlimits' and sandbox_init.landlock_abi() >= sandbox_init.LANDLOCK_MIN_ABI:
+    return 'landlock'
+  return 'rlimits'
+
+
+def _namespaces_work() -> bool:
   if os.geteuid() != 0 or not (shutil.which('unshare') and shutil.which('setpriv')):
-    return 'rlimits'
+    return False
   try:
     probe = subprocess.run([*_NAMESPACES, 'true'], capture_output=True, timeout=30)
   except (OSError, subprocess.TimeoutExpired):
-    return 'rlimits'
-  return 'namespaces' if probe.returncode == 0 else 'rlimits'
+    return False
+  return probe.returncode == 0
+
+
+WEAKER = {
+    'landlock': 'Landlock without namespaces: host processes are visible and UDP is not '
+                'blocked at the OS level',
+    'rlimits': 'rlimits and a Python audit hook only: sandboxed code can read host files, '
+               'signal your processes and create files from C code',
+}
+
+
+def weak_allowed() -> bool:
+  return os.environ.get(WEAK_ENV, '') == 'allow'
+
+
+def check_isolation(*, allow_weak: bool | None = None, what: str = 'model-written code') -> str:
+  """At start-up: says loudly what is weaker than 'namespaces'; raises if 'rlimits' is refused.
+
+  allow_weak=True also sets WEAK_ENV, so the verifier pool's workers inherit the decision.
+  """
+  level = isolation()
+  if allow_weak:
+    os.environ[WEAK_ENV] = 'allow'
+  if level != 'namespaces':
+    banner = f'*** rlreason sandbox for {what}: isolation {level!r}: {WEAKER[level]}. ***'
+    if level == 'rlimits' and not weak_allowed():
+      raise RuntimeError(f'{banner} Refused: run as root where `unshare` works (namespaces), '
+                         f'on Linux >= 6.12 (Landlock), or accept it explicitly with '
+                         f'{WEAK_ENV}=allow (config: verifier.allow_weak_sandbox=True, CLI: '
+                         '--allow-weak-sandbox).')
+    print(banner, file=sys.stderr, flush=True)
+  return level
+
+
+def _system_paths(argv0: str) -> tuple[list[str], list[str]]:
+  """Read-only paths a program needs (system, its installation) and site-packages to hide."""
+  paths = ['/usr', '/bin', '/sbin', '/lib', '/lib32', '/lib64', '/libx32', '/etc/ld.so.cache',
+           '/etc/localtime']
+  for exe in (python_interpreter(), os.path.realpath(argv0)):
+    prefix = os.path.dirname(os.path.dirname(exe))
+    if prefix not in ('/', '/usr') and not any(prefix.startswith(p + '/') for p in paths):
+      paths.append(prefix)
+  hidden = set()
+  for base in paths:
+    for pattern in ('lib/python3*/*-packages', 'local/lib/python3*/*-packages'):
+      hidden.update(glob.glob(os.path.join(base, pattern)))
+  return paths, sorted(hidden)
+
+
+_DEVICES = ['/dev/null', '/dev/zero', '/dev/urandom', '/dev/random']
 
 
 def _world_executable(path: str) -> bool:
@@ -121,19 +200,34 @@ def _write_files(workdir: str, files: Mapping[str, str | bytes], uid: int | None
         os.chown(os.path.join(root, name), uid, uid)
 
 
-def _collect(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[bytes, bytes, bool, bool]:
-  """Reads both pipes until EOF or the deadline, keeping at most `cap` bytes of each."""
+def _collect(proc: subprocess.Popen, stdin: bytes | None, deadline: float,
+             cap: int) -> tuple[bytes, bytes, bool, bool]:
+  """Feeds stdin (then closes it) and reads both pipes until EOF or the deadline, keeping at
+  most `cap` bytes of each."""
   bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
   truncated = timed_out = False
+  pending = memoryview(stdin or b'')
   with selectors.DefaultSelector() as sel:
     for fd in bufs:
       sel.register(fd, selectors.EVENT_READ)
-    while sel.get_map():
+    if proc.stdin is not None:
+      os.set_blocking(proc.stdin.fileno(), False)
+      sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
+    while any(key.fd in bufs for key in sel.get_map().values()):
       remaining = deadline - time.monotonic()
       if remaining <= 0:
         timed_out = True
         break
       for key, _ in sel.select(min(remaining, 0.5)):
+        if key.fd not in bufs:  # stdin: write what fits, close at the end (or if refused).
+          try:
+            pending = pending[os.write(key.fd, pending[:1 << 16]):]
+          except (BrokenPipeError, BlockingIOError) as e:
+            pending = pending[:0] if isinstance(e, BrokenPipeError) else pending
+          if not pending:
+            sel.unregister(key.fd)
+            proc.stdin.close()
+          continue
         chunk = os.read(key.fd, 1 << 16)
         if not chunk:
           sel.unregister(key.fd)
@@ -142,6 +236,8 @@ def _collect(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[bytes, 
         keep = max(0, cap - len(buf))
         buf += chunk[:keep]
         truncated |= len(chunk) > keep
+  if proc.stdin is not None and not proc.stdin.closed:
+    proc.stdin.close()
   return bytes(bufs[proc.stdout.fileno()]), bytes(bufs[proc.stderr.fileno()]), truncated, timed_out
 
 
@@ -171,22 +267,29 @@ def run(argv: Sequence[str], *, files: Mapping[str, str | bytes] = {},  # pylint
   """Runs argv (argv[0] an absolute path) in a private directory holding `files`."""
   start = time.monotonic()
   mode = isolation()
+  if mode == 'rlimits' and not weak_allowed():
+    return SandboxResult('refused', None, '', '', False,
+                         f'isolation {mode!r} refused ({WEAKER[mode]}); set {WEAK_ENV}=allow '
+                         'to accept it', 0.0, mode)
   root = os.geteuid() == 0
   uid = random.SystemRandom().randrange(1 << 20, 1 << 30) if root else None
   if uid is not None and not _world_executable(argv[0]):
     uid = None  # the throwaway uid could not even start it; stay as we are.
   workdir = tempfile.mkdtemp(prefix=f'{_DIR_PREFIX}{os.getpid()}-')
+  newroot = workdir + '.root'  # the private root's mount point (namespaces only).
   proc = None
   status_r, status_w = os.pipe()
   try:
-    all_files = dict(files)
-    if stdin is not None:
-      all_files['.stdin'] = stdin
-    _write_files(workdir, all_files, uid)
+    _write_files(workdir, files, uid)
+    read_paths, hidden = _system_paths(argv[0])
+    if mode == 'namespaces':
+      os.mkdir(newroot, 0o700)
     config = {
         'namespaces': mode == 'namespaces', 'workdir': workdir, 'uid': uid,
         'argv': list(argv), 'status_fd': status_w, 'wall_s': limits.wall_s,
-        'stdin': os.path.join(workdir, '.stdin') if stdin is not None else None,
+        'newroot': newroot, 'read_paths': read_paths, 'hidden_paths': hidden,
+        'device_paths': _DEVICES, 'landlock': mode != 'rlimits',
+        'require_landlock': mode == 'landlock',
         'env': {'PATH': '/usr/local/bin:/usr/bin:/bin', 'HOME': workdir, 'TMPDIR': workdir,
                 'LANG': 'C.UTF-8', **(env or {})},
         'rlimits': {
@@ -202,14 +305,16 @@ def run(argv: Sequence[str], *, files: Mapping[str, str | bytes] = {},  # pylint
     # setpriv: if this process dies (the pool killed it), the sandbox dies with it.
     prefix = (['setpriv', '--pdeathsig', 'KILL', '--', *_NAMESPACES]
               if mode == 'namespaces' else [])
-    proc = subprocess.Popen([*prefix, *command], stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen([*prefix, *command],
+                            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             pass_fds=(status_w,), env={'PATH': '/usr/bin:/bin'},
                             start_new_session=True)
     os.close(status_w)
     status_w = -1
+    data = stdin.encode('utf-8') if isinstance(stdin, str) else stdin
     stdout, stderr, truncated, timed_out = _collect(
-        proc, start + limits.wall_s + 2.0, limits.output_bytes)
+        proc, data, start + limits.wall_s + 2.0, limits.output_bytes)
     if timed_out:
       os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -232,51 +337,78 @@ def run(argv: Sequence[str], *, files: Mapping[str, str | bytes] = {},  # pylint
       if fd >= 0:
         os.close(fd)
     shutil.rmtree(workdir, ignore_errors=True)
+    shutil.rmtree(newroot, ignore_errors=True)
 
 
 # Runs main.py from the private directory under an audit hook; see the module docstring.
+# The hook keeps no mutable state (a switch in a list or a set could be flipped through gc
+# or a frame's locals), never calls methods of its arguments (a str subclass or a PathLike
+# could run code inside it), and refuses the introspection that could reach it.
 _PYTHON_BOOTSTRAP = r'''
 import os, sys
 def _sandbox_rules():
   root = os.getcwd()
-  spawn = {'os.fork', 'os.forkpty', 'os.posix_spawn', 'os.spawn', 'os.exec', 'os.system',
-           'subprocess.Popen', 'pty.spawn', 'socket.__new__', 'socket.socketpair',
-           'ctypes.dlopen', 'ctypes.dlsym', 'ctypes.cdata', 'os.startfile'}
-  mutate = {'os.remove', 'os.rename', 'os.rmdir', 'os.mkdir', 'os.symlink', 'os.link',
-            'os.chmod', 'os.chown', 'os.truncate', 'os.utime', 'shutil.rmtree'}
+  me = '/proc/%%d/' %% os.getpid()
+  readable = tuple(sorted({os.path.realpath(p) + '/' for p in sys.path if p} |
+                          {root + '/', '/dev/null', '/dev/zero', '/dev/urandom', '/proc/self/',
+                           me}))
+  writable = (root + '/', '/dev/null', '/dev/zero')
+  forbidden = frozenset((
+      'os.fork', 'os.forkpty', 'os.posix_spawn', 'os.spawn', 'os.exec', 'os.system',
+      'subprocess.Popen', 'pty.spawn', 'socket.__new__', 'socket.socketpair', 'ctypes.dlopen',
+      'ctypes.dlsym', 'ctypes.cdata', 'os.startfile', 'os.kill', 'os.killpg',
+      'signal.pthread_kill', 'sqlite3.connect', 'gc.get_objects', 'gc.get_referrers',
+      'gc.get_referents', 'sys.settrace', 'sys.setprofile', 'sys._current_frames',
+      'sys._current_exceptions', 'sys.addaudithook'))
+  mutate = frozenset(('os.remove', 'os.rename', 'os.rmdir', 'os.mkdir', 'os.symlink', 'os.link',
+                      'os.chmod', 'os.chown', 'os.truncate', 'os.utime', 'shutil.rmtree'))
+  pairs = frozenset(('os.rename', 'os.link', 'os.symlink'))
+  blocked_modules = frozenset(('ctypes', '_ctypes', 'cffi', 'sqlite3', '_sqlite3'))
   writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-  busy = [False]
+  realpath, join, write, exit_now = os.path.realpath, os.path.join, os.write, os._exit
   def stop(what):
-    os.write(2, ('\nSANDBOX_VIOLATION ' + what + '\n').encode('utf-8', 'replace'))
-    os._exit(%d)
-  def inside(path):
-    if isinstance(path, int) or path is None:
-      return True
-    p = os.path.realpath(os.path.join(root, os.fsdecode(os.fspath(path))))
-    return p == root or p.startswith(root + '/') or p in ('/dev/null', '/dev/zero')
+    write(2, ('\nSANDBOX_VIOLATION ' + what + '\n').encode('utf-8', 'replace'))
+    exit_now(%d)
+  def resolve(path):
+    if type(path) is bytes:
+      path = path.decode('utf-8', 'replace')
+    if type(path) is not str:
+      stop('a path of type ' + type(path).__name__)
+    return realpath(join(root, path))
+  def under(path, places):
+    p = path + '/'
+    for place in places:
+      if p.startswith(place) or path == place:
+        return True
+    return False
   def hook(event, args):
-    if busy[0]:
-      return
-    busy[0] = True
-    try:
-      if event in spawn:
-        stop(event)
-      elif event == 'import' and args[0].split('.')[0] in ('ctypes', '_ctypes', 'cffi'):
-        stop('import ' + args[0])
-      elif event == 'open':
-        path, mode, flags = args[0], args[1] or '', args[2] if args[2] and args[2] > 0 else 0
-        text = str(path)
-        if text.startswith('/proc') and text.endswith('environ'):
-          stop('read ' + text)
-        if (any(c in mode for c in 'wax+') or flags & writing) and not inside(path):
-          stop('write ' + text)
-      elif event in mutate:
-        targets = [a for a in args[:2] if isinstance(a, (str, bytes, os.PathLike))]
-        for t in (targets if event in ('os.rename', 'os.link', 'os.symlink') else targets[:1]):
-          if not inside(t):
-            stop(event + ' ' + str(t))
-    finally:
-      busy[0] = False
+    if event in forbidden:
+      stop(event)
+    elif event == 'import':
+      name = args[0]
+      if type(name) is not str or name.partition('.')[0] in blocked_modules:
+        stop('import ' + str.__str__(name) if type(name) is str else 'import')
+    elif event == 'object.__setattr__':
+      if type(args[1]) is not str or args[1] in ('__code__', '__defaults__', '__kwdefaults__',
+                                                  '__globals__', '__closure__'):
+        stop('rebinding a function')
+    elif event == 'open':
+      path, mode, flags = args[0], args[1], args[2]
+      if type(path) is int or path is None:
+        return
+      p = resolve(path)
+      mode = mode if type(mode) is str else ''
+      flags = flags if type(flags) is int and flags > 0 else 0
+      if any(c in mode for c in 'wax+') or flags & writing:
+        if not under(p, writable):
+          stop('write ' + p)
+      elif not under(p, readable):
+        stop('read ' + p)
+    elif event in mutate:
+      targets = [a for a in args[:2] if type(a) in (str, bytes)]
+      for t in (targets if event in pairs else targets[:1]):
+        if not under(resolve(t), writable):
+          stop(event + ' ' + resolve(t))
   sys.addaudithook(hook)
 _sandbox_rules()
 del _sandbox_rules

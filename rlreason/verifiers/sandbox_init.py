@@ -4,13 +4,18 @@ Run by sandbox.py as `python -I -S sandbox_init.py CONFIG_JSON`, as root inside 
 pid/mount/network namespaces when the machine allows them (then this is pid 1, and the
 kernel kills every process left in the namespace when it exits), else directly. It
 
-  1. (namespaces) bind-mounts the work directory and remounts every other mount
-     read-only and nosuid, so the only writable place is the work directory;
-  2. forks the target, which sets rlimits, drops to a throwaway uid, sets no_new_privs
-     and execs the target command;
-  3. waits under a wall-clock alarm, writes a JSON report (exit code, signal, CPU time)
-     to the status pipe, and (no namespaces, but root) kills whatever the throwaway uid
-     still runs.
+  1. (namespaces) builds a private root: a tmpfs holding read-only bind mounts of the
+     paths the program needs (the system's /usr and libraries, the interpreter's
+     installation minus its site-packages, a few /dev nodes), the work directory
+     (writable) and a fresh /proc of the new pid namespace, then pivots into it: the
+     project, home, other users' files and the host's /proc no longer exist;
+  2. forks the target, which sets rlimits, drops to a throwaway uid, sets no_new_privs,
+     (where the kernel has Landlock ABI >= 6) restricts itself to reading those paths and
+     writing the work directory, sending no signal out of its domain and opening no TCP
+     connection, and execs the target command;
+  3. waits under a wall-clock alarm, writes a JSON report (exit code, signal, CPU time,
+     mount and Landlock errors) to the status pipe, and (no namespaces, but root) kills
+     whatever the throwaway uid still runs.
 
 Standard library only, no imports from rlreason: it runs with -I -S. Deliberately not
 here: deciding what the outcome means (sandbox.py does that).
@@ -23,50 +28,138 @@ import resource
 import signal
 import sys
 
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND = 1, 2, 4, 32, 4096
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC = 1, 2, 4, 32, 4096, 16384
+_MS_NOEXEC, _MNT_DETACH = 8, 2
 _PR_SET_NO_NEW_PRIVS = 38
+_SYS_PIVOT_ROOT = {'x86_64': 155, 'aarch64': 41}
+# Landlock (linux/landlock.h): syscalls, access rights, the rule type, scopes.
+_LL_CREATE, _LL_ADD_RULE, _LL_RESTRICT = 444, 445, 446
+_LL_FS_ALL = (1 << 16) - 1  # EXECUTE .. IOCTL_DEV (ABI 5); masked down to the kernel's ABI
+_LL_FS_READ = 1 | 4 | 8  # EXECUTE, READ_FILE, READ_DIR
+_LL_FS_FILE = 1 | 2 | 4 | (1 << 14) | (1 << 15)  # the rights a rule on a file may hold
+_LL_NET_TCP = 1 | 2  # BIND_TCP, CONNECT_TCP
+_LL_SCOPE = 1 | 2  # ABSTRACT_UNIX_SOCKET, SIGNAL
+LANDLOCK_MIN_ABI = 6  # signal scoping arrived in ABI 6 (Linux 6.12)
 
 
-def _mount(libc, source, target, flags):
-  if libc.mount(source and source.encode(), target.encode(), None, flags, None) != 0:
+def _libc():
+  return ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result, what):
+  if result < 0:
     errno = ctypes.get_errno()
-    raise OSError(errno, os.strerror(errno), target)
+    raise OSError(errno, os.strerror(errno), what)
+  return result
 
 
-def _mount_points():
-  with open('/proc/self/mountinfo', encoding='utf-8') as f:
-    for line in f:
-      # Field 5 is the mount point, with spaces and the like written as octal escapes.
-      yield line.split()[4].encode().decode('unicode_escape')
+def _mount(libc, source, target, flags, fstype=None):
+  _check(libc.mount(source and source.encode(), target.encode(),
+                    fstype and fstype.encode(), flags, None), target)
 
 
-def lock_filesystem(workdir):
-  """Makes everything but workdir read-only; returns the mounts that could not be locked."""
-  libc = ctypes.CDLL(None, use_errno=True)
-  _mount(libc, workdir, workdir, _MS_BIND)
-  _mount(libc, None, workdir, _MS_REMOUNT | _MS_BIND | _MS_NOSUID | _MS_NODEV)
-  errors = []
-  for point in sorted(set(_mount_points())):
-    if point == workdir or point == '/proc' or point.startswith('/proc/'):
+def landlock_abi():
+  """The kernel's Landlock ABI version, 0 where it has none."""
+  libc = _libc()
+  libc.syscall.restype = ctypes.c_long
+  return max(0, libc.syscall(_LL_CREATE, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
+
+
+class _RulesetAttr(ctypes.Structure):
+  _fields_ = [('fs', ctypes.c_uint64), ('net', ctypes.c_uint64), ('scoped', ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+  _pack_ = 1
+  _fields_ = [('allowed', ctypes.c_uint64), ('parent_fd', ctypes.c_int32)]
+
+
+def landlock(read_paths, write_paths):
+  """Restricts this process (and what it execs) to these paths, no signals out, no TCP."""
+  abi = landlock_abi()
+  if abi < LANDLOCK_MIN_ABI:
+    raise OSError(f'Landlock ABI {abi} < {LANDLOCK_MIN_ABI}')
+  fs = _LL_FS_ALL & ~((1 << 15) if abi < 5 else 0)
+  libc = _libc()
+  libc.syscall.restype = ctypes.c_long
+  attr = _RulesetAttr(fs, _LL_NET_TCP, _LL_SCOPE)
+  ruleset = _check(libc.syscall(_LL_CREATE, ctypes.byref(attr), ctypes.c_size_t(24),
+                                ctypes.c_uint32(0)), 'landlock_create_ruleset')
+  try:
+    for paths, rights in ((read_paths, _LL_FS_READ), (write_paths, fs)):
+      for path in paths:
+        try:
+          fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+          continue  # absent here: nothing to allow.
+        try:
+          allowed = rights if os.path.isdir(path) else rights & _LL_FS_FILE
+          rule = _PathBeneath(allowed, fd)
+          _check(libc.syscall(_LL_ADD_RULE, ruleset, 1, ctypes.byref(rule), 0), path)
+        finally:
+          os.close(fd)
+    _check(libc.syscall(_LL_RESTRICT, ruleset, 0), 'landlock_restrict_self')
+  finally:
+    os.close(ruleset)
+
+
+def _mkpoint(path, like):
+  if os.path.isdir(like):
+    os.makedirs(path, exist_ok=True)
+  else:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    open(path, 'a').close()  # pylint: disable=consider-using-with
+
+
+def private_root(newroot, workdir, read_paths, hidden):
+  """Pivots into a tmpfs holding read-only binds of read_paths and the writable workdir."""
+  libc = _libc()
+  _mount(libc, 'tmpfs', newroot, _MS_NOSUID | _MS_NODEV, 'tmpfs')
+  for path in read_paths:
+    target = newroot + path
+    if os.path.islink(path):  # /bin -> usr/bin on merged-/usr systems.
+      os.makedirs(os.path.dirname(target), exist_ok=True)
+      os.symlink(os.readlink(path), target)
       continue
-    try:
-      _mount(libc, None, point, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID)
-    except OSError as e:
-      errors.append(f'{point}: {e.strerror}')
-  return errors
+    if not os.path.exists(path):
+      continue
+    _mkpoint(target, path)
+    _mount(libc, path, target, _MS_BIND | _MS_REC)
+    device = path.startswith('/dev/')
+    _mount(libc, None, target, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID |
+           (0 if device else _MS_NODEV))
+  for path in hidden:  # site-packages: the project may be installed there.
+    if os.path.isdir(newroot + path):
+      _mount(libc, 'tmpfs', newroot + path, _MS_RDONLY | _MS_NOSUID | _MS_NODEV, 'tmpfs')
+  _mkpoint(newroot + workdir, workdir)
+  _mount(libc, workdir, newroot + workdir, _MS_BIND)
+  _mount(libc, None, newroot + workdir, _MS_REMOUNT | _MS_BIND | _MS_NOSUID | _MS_NODEV)
+  os.makedirs(newroot + '/proc', exist_ok=True)
+  _mount(libc, 'proc', newroot + '/proc', _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, 'proc')
+  _mount(libc, None, newroot, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+  os.chdir(newroot)
+  libc.syscall.restype = ctypes.c_long
+  _check(libc.syscall(_SYS_PIVOT_ROOT[os.uname().machine], b'.', b'.'), 'pivot_root')
+  _check(libc.umount2(b'.', _MNT_DETACH), 'umount old root')
+  os.chdir('/')
 
 
 def _exec_target(config):
   os.chdir(config['workdir'])
-  stdin = os.open(config['stdin'] or os.devnull, os.O_RDONLY)
-  os.dup2(stdin, 0)
   for name, (soft, hard) in config['rlimits'].items():
     resource.setrlimit(getattr(resource, 'RLIMIT_' + name), (soft, hard))
   if config['uid'] is not None:
     os.setgroups([])
     os.setresgid(config['uid'], config['uid'], config['uid'])
     os.setresuid(config['uid'], config['uid'], config['uid'])
-  ctypes.CDLL(None).prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+  _check(_libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 'no_new_privs')
+  if config['landlock']:
+    try:
+      landlock(config['read_paths'], [config['workdir']] + config['device_paths'])
+    except OSError as e:
+      if config['require_landlock']:
+        raise
+      os.write(2, f'sandbox_init: Landlock not applied: {e}\n'.encode())
   os.umask(0o077)
   os.execve(config['argv'][0], config['argv'], config['env'])
 
@@ -90,7 +183,12 @@ def main():
   status_fd = config['status_fd']
   report = {'mount_errors': [], 'wall_timeout': False}
   if config['namespaces']:
-    report['mount_errors'] = lock_filesystem(config['workdir'])
+    try:
+      private_root(config['newroot'], config['workdir'],
+                   config['read_paths'] + config['device_paths'], config['hidden_paths'])
+    except OSError as e:  # no report: sandbox.py counts the run as an error, nothing ran.
+      os.write(2, f'sandbox_init: cannot build the private root: {e}\n'.encode())
+      os._exit(1)
   pid = os.fork()
   if pid == 0:
     try:

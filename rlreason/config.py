@@ -3,8 +3,11 @@
 Experiments (`experiments/*.py`) start from `default()` and override what they need; the
 loop reads the tree only at its edges and hands plain keyword arguments to library code.
 `validate` checks the arithmetic a run depends on (batch splits, G against devices, token
-budgets, registry names) and raises one ValueError naming every offending field.
+budgets, registry names), and that the objective's pieces get every input they need
+(`_check_objective`, `_check_verifier_items`), and raises one ValueError naming every offending field.
 """
+
+import functools
 
 import ml_collections
 
@@ -52,7 +55,21 @@ def default() -> ml_collections.ConfigDict:
   c.optimizer = ml_collections.ConfigDict(dict(
       lr=1e-6, warmup_steps=0, b1=0.9, b2=0.999, weight_decay=0.0, grad_clip=1.0))
 
-  c.verifier = ml_collections.ConfigDict(dict(name='math', deadline_s=60.0, workers=2))
+  # PPO's critic (objective.advantage='gae' needs it): a Dense D -> 1 value head on the
+  # policy's final hidden states, trained in the same step with coef x the clipped value loss
+  # (clip = verl's cliprange_value) at its own learning rate (verl's critic lr: 1e-5).
+  c.critic = ml_collections.ConfigDict(dict(
+      enabled=False, lr=1e-5, warmup_steps=0, coef=1.0, clip=0.5, grad_clip=1.0))
+
+  # DAPO's overlong shaping: a penalty for completions longer than L_max - cache_len (L_max:
+  # the completion length, cache_len 0: L_max // 4) added to every reward. The `overlong`
+  # verifier reads the same limits (and each completion's token count) from its items.
+  c.overlong = ml_collections.ConfigDict(dict(enabled=False, cache_len=0, penalty_factor=1.0))
+
+  # allow_weak_sandbox: run code-executing verifiers (python_tests, prolog) where the
+  # sandbox has only rlimits and an audit hook (no namespaces, no Landlock); refused if False.
+  c.verifier = ml_collections.ConfigDict(dict(name='math', deadline_s=60.0, workers=2,
+                                              allow_weak_sandbox=False))
 
   # Model-judged step rewards (rlreason/judge.py), combined with the verifier's reward as
   # verifier_weight * verifier + weight(progress) * judge; 'linear' goes weight -> weight_end.
@@ -138,7 +155,8 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
                                ('aggregation', aggregation.AGGREGATIONS),
                                ('kl_estimator', kl.KL_ESTIMATORS)):
     value = c.objective[field]
-    check(value in registry_dict, f'objective.{field}={value!r}; known: {sorted(registry_dict)}.')
+    check(value in registry_dict or (field == 'policy_loss' and value in losses.LIBRARY_ONLY),
+          f'objective.{field}={value!r}; known: {sorted(registry_dict)}.')
   for name in c.objective.transforms:
     check(name in advantage_transforms.TRANSFORMS,
           f'objective.transforms has {name!r}; known: {sorted(advantage_transforms.TRANSFORMS)}.')
@@ -156,8 +174,24 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
       check(c.judge[field] in known, f'judge.{field}={c.judge[field]!r}; known: {sorted(known)}.')
     check(len(c.judge.labels) == 3, f'judge.labels={c.judge.labels} must be 3 strings.')
     check(bool(c.judge.model), "judge.model is empty; 'policy', an HF dir or 'random-tiny'.")
+  _check_objective(c, check)
+  _check_verifier_items(c, check)
+  _check_sandbox(c, check)
   if errors:
     raise ValueError('invalid config:\n  ' + '\n  '.join(errors))
+
+
+def _check_sandbox(c, check) -> None:
+  """A verifier that runs model-written code needs strong isolation, or an explicit yes."""
+  from rlreason.verifiers import registry
+  from rlreason.verifiers import sandbox
+  if c.verifier.name not in registry.RUNS_CODE:
+    return
+  try:
+    sandbox.check_isolation(allow_weak=c.verifier.get('allow_weak_sandbox', False),
+                            what=f'verifier {c.verifier.name!r}')
+  except RuntimeError as e:
+    check(False, f'verifier.allow_weak_sandbox=False: {e}')
 
 
 def _check_mixed_policy(c, check) -> None:
@@ -195,3 +229,108 @@ def _check_mixed_policy(c, check) -> None:
           "'prefix_mixed_ppo').")
   check(c.export.dtype in ('', 'float32', 'bfloat16', 'float16'),
         f"export.dtype={c.export.dtype!r}; known: '', 'float32', 'bfloat16', 'float16'.")
+
+
+# Inputs the loop hands a policy loss (update._policy_loss_kwargs) or an estimator
+# (rl_batch.advantages_for) by name; every other option comes from the config's kwargs.
+_LOOP_LOSS_INPUTS = frozenset({'group_size', 'prefix_mask_NxL', 'behavior_logprobs_NxL',
+                               'behaviour_logprobs_NxL', 'turn_ids_NxL', 'num_turns'})
+_LOOP_ESTIMATOR_INPUTS = {'otb': frozenset({'group_size'}), 'gae': frozenset()}
+
+
+def _options_of(fn, *, given, supplied, what, check) -> None:
+  """`given` options must be keyword-only parameters of fn; required ones must be given."""
+  import inspect
+  params = inspect.signature(fn).parameters
+  keyword = {k for k, p in params.items() if p.kind == p.KEYWORD_ONLY}
+  for k in sorted(set(given) - keyword):
+    check(False, f'{what} has {k!r}, which {fn.__name__} does not take; it takes '
+                 f'{sorted(keyword - supplied)}.')
+  for k in sorted(keyword - supplied - set(given)):
+    check(params[k].default is not params[k].empty, f'{what} lacks {k!r}, which '
+                                                    f'{fn.__name__} needs.')
+
+
+def _check_objective(c, check) -> None:
+  """Every registered estimator, loss and transform gets the inputs it needs from the loop."""
+  from rlreason import advantage_transforms, advantages, losses
+  o, critic = c.objective, c.critic
+  if o.policy_loss in losses.LIBRARY_ONLY:
+    check(False, f'objective.policy_loss={o.policy_loss!r} {losses.LIBRARY_ONLY[o.policy_loss]}.')
+  loss = losses.POLICY_LOSSES.get(o.policy_loss)
+  if loss is not None:
+    _options_of(loss, given=dict(o.loss_kwargs), supplied=_LOOP_LOSS_INPUTS,
+                what='objective.loss_kwargs', check=check)
+    if o.policy_loss == 'quatro':
+      check('delta' in o.loss_kwargs and 'lam_B' not in o.loss_kwargs,
+            "objective.policy_loss='quatro' needs objective.loss_kwargs.delta (the closed-form "
+            'dual); lam_B (dual ascent) needs per-prompt state the loop does not keep.')
+  estimator = advantages.ESTIMATORS.get(o.advantage)
+  if estimator is not None:
+    _options_of(estimator, given=dict(o.advantage_kwargs),
+                supplied=_LOOP_ESTIMATOR_INPUTS.get(o.advantage, frozenset()) | {'zero_tail'},
+                what='objective.advantage_kwargs', check=check)
+  check(o.advantage != 'gae' or critic.enabled,
+        "objective.advantage='gae' needs the values V_t of a critic: set critic.enabled=True "
+        '(a value head on the policy, trained with the clipped value loss).')
+  check(o.advantage == 'gae' or not critic.enabled,
+        f'critic.enabled trains a value head that only objective.advantage=\'gae\' reads; '
+        f'objective.advantage={o.advantage!r} would ignore it.')
+  if critic.enabled:
+    check(critic.lr > 0, f'critic.lr={critic.lr} must be > 0.')
+    check(critic.coef > 0, f'critic.coef={critic.coef} must be > 0.')
+    check(critic.clip is None or critic.clip > 0, f'critic.clip={critic.clip} must be > 0.')
+  for name in o.transforms:
+    fn = advantage_transforms.TRANSFORMS.get(name)
+    if fn is None:
+      continue
+    _options_of(fn, given=dict(o.transform_kwargs.get(name, {})), supplied={'num_modes'},
+                what=f'objective.transform_kwargs[{name!r}]', check=check)
+  if 'ifpo' in o.transforms:
+    from rlreason.rl_batch import behaviour_mode_fn
+    has_modes = c.data.source == 'task' and behaviour_mode_fn(c.data.task) is not None
+    check(has_modes, "objective.transforms has 'ifpo', which weights responses by their behaviour "
+                     f'mode, but data.source={c.data.source!r} / data.task={c.data.task!r} has no '
+                     "behaviour_mode (the 'policy_recall' task has: consulted the rules or not).")
+    modes = dict(o.transform_kwargs.get('ifpo', {})).get('num_modes', 2)
+    check(isinstance(modes, int) and modes >= 2,
+          f"objective.transform_kwargs['ifpo'].num_modes={modes} must be an int >= 2.")
+  from rlreason.run_setup import completion_length
+  length, ov = completion_length(c), c.overlong
+  check(0 <= ov.cache_len <= length, f'overlong.cache_len={ov.cache_len} must be in '
+                                     f'[0, {length}] (the completion length L_max).')
+  check(ov.penalty_factor >= 0, f'overlong.penalty_factor={ov.penalty_factor} must be >= 0.')
+
+
+def _check_verifier_items(c, check) -> None:
+  """A registered verifier must be able to read the synthetic task's items.
+
+  Probed once per (verifier, task) on the task's first example with its reference solution:
+  a verifier that answers invalid_input (a missing field, e.g. python_tests' `tests`) would
+  give every row the default reward. Files (jsonl/parquet) and custom verifiers are not probed.
+  """
+  from rlreason.verifiers import registry
+  if c.data.source != 'task' or c.verifier.name not in registry.VERIFIERS:
+    return
+  import json
+  from rlreason import tasks
+  if c.data.task not in tasks.TASKS:
+    return
+  status, detail = _probe_verifier(c.verifier.name, c.data.task, c.data.difficulty,
+                                   json.dumps(dict(c.data.task_options), sort_keys=True))
+  check(status != 'invalid_input',
+        f'verifier.name={c.verifier.name!r} cannot score data.task={c.data.task!r} items: '
+        f'{detail} (pick a verifier whose fields the task supplies).')
+
+
+@functools.lru_cache(maxsize=64)
+def _probe_verifier(name: str, task: str, difficulty: int, options_json: str):
+  import json
+  from rlreason import tasks
+  from rlreason.rl_batch import verifier_item
+  from rlreason.verifiers import registry
+  example = tasks.get_task(task).generate(0, 0, difficulty=difficulty, **json.loads(options_json))
+  item = verifier_item(example, example.solution, num_tokens=1, max_len=2, cache_len=1,
+                       penalty_factor=1.0)
+  verdict = registry.get_verifier(name)(item)
+  return verdict.status, verdict.detail

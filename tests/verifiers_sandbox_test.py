@@ -5,6 +5,7 @@ import os
 import pathlib
 import shutil
 import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -200,3 +201,36 @@ def test_landlock_level_blocks_signals_and_host_reads(user):
 
 def _world_readable(path):
   return all(os.stat(p).st_mode & 0o005 == 0o005 for p in [path, *path.parents])
+
+
+_START_UP = r'''
+import sys
+from rlreason import config as config_lib
+c = config_lib.default()
+c.verifier.name = 'python_tests'
+c.verifier.allow_weak_sandbox = sys.argv[1] == 'allow'
+try:
+  config_lib.validate(c, num_devices=1)
+except ValueError as e:
+  print(e)
+'''
+
+
+@pytest.mark.parametrize('allow', [False, True])
+def test_weak_isolation_is_refused_at_start_up_unless_allowed(tmp_path, allow):
+  env = {**os.environ, 'RLREASON_SANDBOX_ISOLATION': 'rlimits'}
+  env.pop(sandbox.WEAK_ENV, None)
+  run = subprocess.run([sys.executable, '-c', _START_UP, 'allow' if allow else 'refuse'],
+                       capture_output=True, text=True, env=env, timeout=300)
+  assert ('verifier.allow_weak_sandbox=False' in run.stdout) is not allow, run.stdout
+  assert "isolation 'rlimits'" in run.stdout + run.stderr
+  source = tmp_path / 'in.jsonl'
+  source.write_text('{"completion": "def f():\\n  return 1", "tests": ["assert f() == 1"]}\n')
+  cli = subprocess.run([sys.executable, '-m', 'rlreason.verifiers', 'score', '--verifier',
+                        'python_tests', '--input', str(source), '--output',
+                        str(tmp_path / 'out.jsonl'), *(['--allow-weak-sandbox'] if allow else [])],
+                       capture_output=True, text=True, env=env, timeout=300)
+  assert cli.returncode == (0 if allow else 2), cli.stderr
+  assert ('Refused' in cli.stderr) is not allow
+  if allow:
+    assert json.loads((tmp_path / 'out.jsonl').read_text())['reward'] == 1.0

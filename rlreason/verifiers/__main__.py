@@ -28,6 +28,7 @@ from typing import Any
 
 from rlreason.verifiers import pool as pool_lib
 from rlreason.verifiers import registry
+from rlreason.verifiers import sandbox
 from rlreason.verifiers import verdict as V
 
 _PROG = 'python -m rlreason.verifiers'
@@ -161,6 +162,8 @@ def main(argv=None) -> int:
   p.add_argument('--deadline-s', type=float, default=300.0, help='per batch')
   p.add_argument('--item-timeout-s', type=float, default=10.0)
   p.add_argument('--default-reward', type=float, default=0.0)
+  p.add_argument('--allow-weak-sandbox', action='store_true',
+                 help='run code-executing verifiers even where the sandbox has only rlimits')
   args = parser.parse_args(argv)
   try:
     registry.check_name(args.verifier)
@@ -170,6 +173,11 @@ def main(argv=None) -> int:
     parser.error('--workers and --batch-size must be at least 1')
   if not math.isfinite(args.default_reward):
     parser.error('--default-reward must be a finite number')
+  if args.verifier in registry.RUNS_CODE:
+    try:
+      sandbox.check_isolation(allow_weak=args.allow_weak_sandbox)
+    except RuntimeError as e:
+      parser.error(str(e))
   try:
     return score(args)
   except _UsageError as e:

@@ -187,6 +187,8 @@ def _sandbox_failure(result: sandbox.SandboxResult) -> V.Verdict | None:
     return V.failure(V.TIMEOUT, result.detail)
   if result.status in ('violation', 'memory'):
     return V.failure(V.SANDBOX_VIOLATION, f'{result.status}: {result.detail}')
+  if result.status == 'refused':
+    return V.failure(V.CRASH, result.detail)
   return None
 
 

@@ -39,6 +39,10 @@ VERIFIERS: dict[str, Verifier] = {
     'regex': text_answer.verify_regex,
 }
 
+# Verifiers that execute model-written code in the sandbox: a run using one checks the
+# sandbox's isolation at start-up (config.validate).
+RUNS_CODE = frozenset({'prolog', 'python_tests'})
+
 
 def check_name(name: str) -> None:
   """Raises ValueError, listing the known names, unless `name` can be resolved."""

@@ -120,6 +120,11 @@ ATTACKS = {
                             '.read()) > 0'),
     'write_outside': ({}, f'open({str(OUTSIDE)!r}, "w").write("x")\n'
                           'def add(a, b):\n  return a + b'),
+    # C code creating files: os.mkfifo raises no audit event, so only the OS layer stops it.
+    'mkfifo_outside': ({}, f'import os\nos.mkfifo({str(OUTSIDE)!r})\n'
+                           'def add(a, b):\n  return a + b'),
+    'sqlite_outside': ({}, f'import sqlite3\nsqlite3.connect({str(OUTSIDE)!r}).execute('
+                           '"create table t (x)")\ndef add(a, b):\n  return a + b'),
 }
 
 

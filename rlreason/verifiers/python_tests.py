@@ -10,9 +10,11 @@ test_mode ('isolated', the default, or 'in_process').
 
 Verdicts the solution cannot forge (test_mode='isolated'). Nothing the sandboxed process
 can write decides a test on its own:
-  * io_cases: each case is its own sandboxed run, its input on a stdin pipe that is closed
-    after it; this process compares the run's stdout with the expected output, which never
-    enters the sandbox. A case whose run did not exit 0 fails.
+  * io_cases: one sandboxed run executes the script once per case on that case's input
+    (the inputs arrive on a stdin pipe that is closed after use) and sends back each run's
+    stdout; this process compares it with the expected output, which never enters the
+    sandbox. A case whose output did not arrive, or whose run raised (sys.exit(0) aside),
+    fails.
   * tests: test_probes.py splits each assert into probes (the solution's calls with their
     arguments) and checks (the comparisons, with the expected values). One sandboxed run
     evaluates the probes in the solution's namespace and returns their values as plain
@@ -95,6 +97,42 @@ for i, source in enumerate(spec['probes']):
       raise
     send(i=i, error=(type(e).__name__ + ': ' + str(e))[:200])
 ''' % {'encoder': inspect.getsource(test_probes.encode_value)}
+
+# Runs the script once per io case, in a fresh namespace, and sends back what it printed.
+_IO_RUNNER = r'''
+import contextlib, errno, io, json, os, sys
+spec = json.loads(sys.stdin.read())
+sys.stdin.close()
+os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+out = os.dup(1)
+
+def send(**fields):
+  os.write(out, ('\n' + spec['tag'] + ' ' + json.dumps(fields) + '\n').encode())
+
+def fatal(e):
+  return isinstance(e, MemoryError) or (isinstance(e, OSError) and e.errno == errno.EFBIG)
+
+class Capped(io.StringIO):
+  def write(self, s):
+    return super().write(s) if self.tell() < 1 << 20 else len(s)
+
+code = compile(spec['solution'], 'solution.py', 'exec')
+for i, stdin in enumerate(spec['inputs']):
+  sys.stdin = io.StringIO(stdin)
+  buf = Capped()
+  error = None
+  with contextlib.redirect_stdout(buf):
+    try:
+      exec(code, {'__name__': '__main__'})
+    except SystemExit as e:
+      if e.code not in (None, 0):
+        error = 'exit code ' + str(e.code)[:50]
+    except BaseException as e:
+      if fatal(e):
+        raise
+      error = (type(e).__name__ + ': ' + str(e))[:200]
+  send(i=i, stdout=buf.getvalue()[:1 << 20], error=error)
+'''
 
 # test_mode='in_process': free-form tests in the solution's namespace (trusted; see above).
 _IN_PROCESS_RUNNER = r'''
@@ -259,23 +297,29 @@ def _run_in_process(code: str, tests: list[str], limits: sandbox.Limits
 
 def _run_io_cases(code: str, cases: list[dict[str, str]], limits: sandbox.Limits
                   ) -> tuple[V.Verdict | None, list[bool], list]:
-  """One sandboxed run per case; the item's wall budget is shared by all of them."""
-  budget_end = limits.wall_s
+  """One sandboxed run prints every case's output; the outputs are compared here."""
+  tag = secrets.token_hex(8)
+  spec = json.dumps({'solution': code, 'inputs': [c['input'] for c in cases], 'tag': tag})
+  room = 2 * sum(len(c['output']) + 200 for c in cases)  # the outputs travel back as records.
+  limits = sandbox.Limits(**{**limits.__dict__, 'output_bytes': limits.output_bytes + room})
+  result = sandbox.run_python(_IO_RUNNER, limits=limits, stdin=spec)
+  failed = _sandbox_failure(result)
+  if failed:
+    return failed, [], []
+  outputs = {}
+  for record in _records(result.stdout, tag):
+    i = record.get('i')
+    if isinstance(i, int) and i not in outputs:  # the first record of a case counts.
+      outputs[i] = record
   passed, failures = [], []
-  for case in cases:
-    if budget_end <= 0.5:
-      return V.failure(V.TIMEOUT, f'wall clock over {limits.wall_s:g}s for the cases'), [], []
-    run_limits = sandbox.Limits(**{**limits.__dict__, 'wall_s': budget_end})
-    result = sandbox.run_python(code, limits=run_limits, stdin=case['input'])
-    budget_end -= result.wall_s
-    failed = _sandbox_failure(result)
-    if failed:
-      return failed, [], []
-    ok = result.status == 'ok' and result.stdout.split() == case['output'].split()
+  for i, case in enumerate(cases):
+    record = outputs.get(i, {'error': f'no output (the run ended early: {result.detail})'})
+    got = record.get('stdout')
+    ok = record.get('error') is None and isinstance(got, str) and (
+        got.split() == case['output'].split())
     passed.append(ok)
     if not ok:
-      failures.append((case['input'][:50], (result.stdout if result.status == 'ok'
-                                            else result.detail)[:50]))
+      failures.append((case['input'][:50], str(record.get('error') or got)[:50]))
   return None, passed, failures
 
 

@@ -40,10 +40,17 @@ from rlreason.verifiers import verdict as V
 TIME_LIMIT_S = 2.0
 INFERENCE_LIMIT = 10_000_000
 LIMITS = sandbox.Limits(cpu_s=4, wall_s=6.0, memory_bytes=1 << 30)
+# Completion patterns, linear-time rewrites of the released ones (a model can write a
+# completion full of "solve(" or "</reasoning><answer>"): `[^()]`/`[^{}]` instead of
+# `[^)]`/`[^}]` stop each try at the next "solve(" (only unbalanced code matches
+# differently); `(?>...)` commits to the first marker, the most permissive choice, so
+# _STRICT and _SOFT (used with match) accept the same texts as the released `.*?`;
+# `\b` makes a word that is not a call cost one try, not one per character.
 _SYNTAX = re.compile(r'(?::-|solve\s*\(|use_module|clpq|\.\s*$)', re.MULTILINE)
-_HARDCODED = re.compile(r'solve\([^)]*\)\s*:-\s*\{[^}]*=\s*\d+\s*\}')
-_STRICT = re.compile(r'^<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n</answer>\n$', re.DOTALL)
-_SOFT = re.compile(r'<reasoning>.*?</reasoning>\s*<answer>.*?</answer>', re.DOTALL)
+_HARDCODED = re.compile(r'solve\([^()]*\)\s*:-\s*\{[^{}]*=\s*\d+\s*\}')
+_STRICT = re.compile(r'\A<reasoning>\n(?>.*?\n</reasoning>\n<answer>\n).*?\n</answer>\n$', re.DOTALL)
+_SOFT = re.compile(r'\A(?>.*?<reasoning>)(?>.*?</reasoning>\s*<answer>).*?</answer>', re.DOTALL)
+_PREDICATE = re.compile(r'\b(\w+)\(')
 
 # %(nonce)s tags the driver's report lines, so a program that prints look-alikes is ignored.
 _DRIVER = r'''
@@ -125,7 +132,7 @@ def xml_count(text: str) -> float:
 
 
 def format_score(text: str) -> float:
-  return 0.5 * bool(_STRICT.match(text)) + 0.5 * bool(_SOFT.search(text)) + xml_count(text)
+  return 0.5 * bool(_STRICT.match(text)) + 0.5 * bool(_SOFT.match(text)) + xml_count(text)
 
 
 def structure_score(code: str, predicates: int, constraints: int) -> float:
@@ -191,8 +198,8 @@ def verify_prolog(item: Mapping[str, Any]) -> V.Verdict:
       'format': format_score(text),
   }
   if item.get('reference'):
-    reference = set(re.findall(r'(\w+)\(', V.gold_text(item, 'reference')))
-    components['predicate_overlap'] = (len(set(re.findall(r'(\w+)\(', code)) & reference) /
+    reference = set(_PREDICATE.findall(V.gold_text(item, 'reference')))
+    components['predicate_overlap'] = (len(set(_PREDICATE.findall(code)) & reference) /
                                        max(1, len(reference)))
   return V.judged(correctness == 2.0, components=components,
                   detail=f'{outcome} {report.get("value", "")}'.strip())

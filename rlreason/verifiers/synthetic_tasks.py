@@ -32,7 +32,10 @@ from rlreason.verifiers import answer_extraction
 from rlreason.verifiers import verdict as V
 
 _INTEGER = re.compile(r'[+-]?\d+')
-_PERMUTATION = re.compile(r'\[\s*\d+(?:\s*,?\s*\d+)*\s*\]|(?:\(\s*\d+(?:\s*,?\s*\d+)*\s*\))+|\(\)')
+# Entries are separated by a comma and/or whitespace. Written as `\d+(?:\s*,?\s*\d+)*` the
+# separator may be empty, so a run of k digits splits 2^k ways: "[" + 30 digits took minutes.
+_ENTRIES = r'\s*\d+(?:(?:\s*,\s*|\s+)\d+)*\s*'
+_PERMUTATION = re.compile(rf'\[{_ENTRIES}\]|(?:\({_ENTRIES}\))+|\(\)')
 _MAX_DIGITS = 1000
 
 Permutation = tuple[int, ...]  # images of 0..n-1

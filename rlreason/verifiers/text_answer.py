@@ -20,12 +20,16 @@ from rlreason.verifiers import answer_extraction
 from rlreason.verifiers import verdict as V
 
 # Layouts seen in RL recipes; the two `reasoning_*` ones are Prolog-as-a-Tool's strict and
-# soft format rewards (aisilab/Prolog-as-a-Tool rewards/reward_suite_3.py).
+# soft format rewards (aisilab/Prolog-as-a-Tool rewards/reward_suite_3.py). Each `(?>...)`
+# (atomic: no backtracking into it) commits to the first occurrence of a marker, which is
+# the most permissive choice for what follows, so it matches the same texts as the plain
+# `.*?` but in linear time: `.*?</think>\s*<answer>.*?</answer>` retried the rest of the
+# text after every "</think><answer>", quadratic on a text full of them.
 FORMATS = {
-    'think_answer': r'\s*<think>.*?</think>\s*<answer>.*?</answer>\s*',
-    'reasoning_answer_strict': r'<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n</answer>\n',
-    'reasoning_answer': r'.*?<reasoning>.*?</reasoning>\s*<answer>.*?</answer>.*',
-    'answer_tag': r'.*<answer>.*?</answer>.*',
+    'think_answer': r'\s*<think>(?>.*?</think>\s*<answer>).*?</answer>\s*',
+    'reasoning_answer_strict': r'<reasoning>\n(?>.*?\n</reasoning>\n<answer>\n).*?\n</answer>\n',
+    'reasoning_answer': r'(?>.*?<reasoning>)(?>.*?</reasoning>\s*<answer>).*?</answer>.*',
+    'answer_tag': r'(?>.*?<answer>).*?</answer>.*',
     'boxed': r'.*\\boxed\s*\{.*',
 }
 

@@ -121,8 +121,7 @@ def evaluate(run, params, *, k: int, temperature: float, rng) -> dict[str, float
 def restore_params(run, *, step: int | None = None, from_best: bool = False):
   """(step, params) of the newest (or `step`'s, or the best) checkpoint of run.workdir."""
   import jax
-  from rlreason import update
-  abstract = jax.eval_shape(lambda p: update.init_state(p, run.optimizer), run.init_params)
+  abstract = jax.eval_shape(run.init_state, run.init_params)
   abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           abstract, run.state_shardings)
   restored = run.checkpointer.restore(abstract, step=step, from_best=from_best)

@@ -11,7 +11,7 @@ or N (broadcast over tokens; rows prompt-major, N = B·G). The result is a loss 
 per token (0 on masked tokens), the per-token weight the aggregation multiplies by (the mask,
 or a reweighted mask), and a dict of scalar diagnostics. Aggregating is a separate step with a
 global denominator (aggregation.py); a KL penalty is added per token (kl.py); QUATRO lives in
-trust_region.py.
+trust_region.py. `value_loss` is the critic's (PPO with GAE), outside the policy registry.
 
 Provenance follows algorithms.md: "paper formula", "as in the reference code of <repo>", or
 "our formalisation (paper not available)" where only abstracts could be read.
@@ -202,8 +202,9 @@ def is_grpo(logprobs_NxL, old_logprobs_NxL, advantages_NxL, mask_NxL, *, group_s
 
   Our reading (arXiv 2601.23135 v2 abstract; algorithms.md §9): GRPO's expected update
   Σ_x p(x) ∇J_x / σ_x is a reweighted gradient; sampling prompts from q(x) ∝ p(x) σ̂_x
-  (`is_grpo_prompt_probs`, used by the data pipeline) moves the weight into sampling. The loss
-  multiplies prompt x's GRPO term (advantages divided by the group's σ_x) by sg(σ_x / σ̂_x),
+  (`is_grpo_prompt_probs`) moves the weight into sampling. A library function: no prompt
+  sampler of the loop draws from q yet, so it is not in POLICY_LOSSES (see LIBRARY_ONLY).
+  The loss multiplies prompt x's GRPO term (advantages divided by the group's σ_x) by sg(σ_x / σ̂_x),
   so its update is ∇J_x / σ̂_x and E_q[update] = ∇J / Σ_x p σ̂ — parallel to the full gradient
   exactly, even when σ̂ is a stale estimate; with σ̂_x = σ_x the weight is 1 and this is plain
   GRPO on q-sampled prompts (§9's form). The loss itself is ppo_clip's.
@@ -338,15 +339,56 @@ def prefix_mixed_ppo(logprobs_NxL, old_logprobs_NxL, advantages_NxL, mask_NxL, *
   return _masked(loss_NxL, weights_NxL), weights_NxL, metrics
 
 
+def value_loss(values_NxL, old_values_NxL, returns_NxL, mask_NxL, *, clip: float | None = 0.5):
+  """PPO's clipped value loss for a critic head, per token.
+
+  ℓ_V = ½ max((V − R)², (clip(V, V_old − ε_v, V_old + ε_v) − R)²), R the GAE returns; clip=None
+  is the plain ½ (V − R)². Aggregate it like the policy loss (verl: agg_loss with the same
+  loss_agg_mode). Metrics: value/clip_frac (tokens where the clipped term is the larger),
+  value/explained_var = 1 − Var(R − V) / Var(R) over valid tokens, value/mean.
+  Provenance: as in the reference code of volcengine/verl (`compute_value_loss` in
+  verl/trainer/ppo/core_algos.py, itself from TRL's PPO trainer; cliprange_value 0.5).
+
+  Returns:
+    (loss_NxL, metrics).
+  """
+  valid_NxL = mask_NxL > 0
+  v_NxL = jnp.where(valid_NxL, values_NxL, 0.0)
+  old_NxL = jnp.where(valid_NxL, old_values_NxL, 0.0)
+  ret_NxL = jnp.where(valid_NxL, returns_NxL, 0.0)
+  plain_NxL = (v_NxL - ret_NxL)**2
+  if clip is None:
+    loss_NxL, clipped_NxL = plain_NxL, jnp.zeros_like(valid_NxL)
+  else:
+    clipped_v_NxL = jnp.clip(v_NxL, old_NxL - clip, old_NxL + clip)
+    clip_sq_NxL = (clipped_v_NxL - ret_NxL)**2
+    loss_NxL, clipped_NxL = jnp.maximum(plain_NxL, clip_sq_NxL), clip_sq_NxL > plain_NxL
+  v_sg_NxL, ret_mean = _sg(v_NxL), masked_mean(ret_NxL, mask_NxL)
+  err_NxL = ret_NxL - v_sg_NxL
+  var_err = masked_mean((err_NxL - masked_mean(err_NxL, mask_NxL))**2, mask_NxL)
+  var_ret = masked_mean((ret_NxL - ret_mean)**2, mask_NxL)
+  metrics = {'value/clip_frac': masked_mean(clipped_NxL, mask_NxL),
+             'value/explained_var': 1.0 - var_err / jnp.maximum(var_ret, 1e-8),
+             'value/mean': masked_mean(v_sg_NxL, mask_NxL)}
+  return _masked(0.5 * loss_NxL, mask_NxL), metrics
+
+
+# What the loop can run: its TrainBatch supplies every input these ask for (update.py).
+# `is_grpo` is a library function only: its loss weight σ_x/σ̂_x needs the proposal std σ̂ of
+# a prompt sampler q ∝ p σ̂ (`is_grpo_prompt_probs`), which the data pipeline does not have.
 POLICY_LOSSES: dict[str, Callable] = {
     'ppo_clip': ppo_clip,
     'cispo': cispo,
     'gspo': gspo,
     'gspo_token': gspo_token,
     'quatro': trust_region.quatro,
-    'is_grpo': is_grpo,
     'sorl': sorl,
     'prefix_mixed_ppo': prefix_mixed_ppo,
+}
+LIBRARY_ONLY = {
+    'is_grpo': 'needs per-prompt proposal stds from an IS-GRPO prompt sampler (q(x) ∝ p(x) σ̂_x, '
+               'losses.is_grpo_prompt_probs), which the data pipeline does not have yet; '
+               'losses.is_grpo is a library function until then',
 }
 
 

@@ -11,6 +11,8 @@ What the families differ in is a config field each: qkv bias (Qwen2), q/k RMSNor
 parameter carries logical axis names (`param_axes`), which sharding.py maps to a
 mesh; this module never names a mesh axis.
 
+`init_value_head` and `values_from_hidden` are the optional critic head (PPO with GAE).
+
 Deliberately not here: sampling, losses, sharding rules, checkpoint formats.
 """
 
@@ -436,3 +438,20 @@ def logits_from_hidden(params: Params, h_NxTxD, *, cfg: ModelConfig):
   w = params['embed'].T if cfg.tie_embeddings else params['lm_head']
   return jnp.einsum('ntd,dv->ntv', h_NxTxD, w.astype(cfg.compute_dtype),
                     preferred_element_type=jnp.float32)
+
+
+def init_value_head(cfg: ModelConfig) -> Params:
+  """A Dense D -> 1 on the final hidden states (PPO's critic head), zero-initialised.
+
+  Zero, so the first GAE advantages are the plain returns (V = 0) rather than returns minus
+  a random baseline. Kept apart from the policy params (TrainState.value_params): the sampler,
+  weight export and reference policy never see it. fp32, replicated (D + 1 numbers).
+  """
+  return {'kernel': jnp.zeros((cfg.hidden_size, 1), jnp.float32),
+          'bias': jnp.zeros((1,), jnp.float32)}
+
+
+def values_from_hidden(head: Params, h_NxTxD):
+  """fp32 values V = h W + b of final hidden states: NxTxD -> NxT."""
+  return (jnp.einsum('ntd,dk->ntk', h_NxTxD.astype(jnp.float32), head['kernel'])
+          + head['bias'])[..., 0]

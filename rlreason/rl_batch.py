@@ -1,10 +1,13 @@
-"""One RL step's batch: verifier rewards, dynamic-sampling filter, log-probs, advantages.
+"""One RL step's batch: verifier scores, dynamic-sampling filter, log-probs, advantages.
 
 The host/device boundary is here: completion tokens go to the host once (to decode for the
 verifiers) and rewards come back as a BxG array. Everything else stays on device.
 
 Deliberately not here: the loop (train.py), the estimators and losses themselves.
 """
+
+import dataclasses
+import importlib
 
 import jax
 import jax.numpy as jnp
@@ -23,35 +26,116 @@ def decode_completions(run, rollout: Rollout) -> list[str]:
                               skip_special_tokens=True)
 
 
-def verify(run, rollout: Rollout, examples, *, progress: float, return_verdicts: bool = False,
-           params=None):
-  """(rewards_BxG as np.float32, metrics) from the verifier pool; optionally the verdicts.
+@dataclasses.dataclass(frozen=True)
+class Scores:
+  """What the verifiers (and judge, and overlong shaping) said about one batch, on the host.
 
-  With a judge (run.judge), the rewards are its composition with the verifier's, weighted at
-  `progress`; `params` are the policy's, for a judge that is the policy itself.
+  rewards_BxG: what the estimator sees: the verifier's reward, combined with the judge's when
+    one is on, plus DAPO's overlong penalty when overlong.enabled.
+  verifier_BxG: the verifier's own reward, DAPO's dynamic-sampling metric (a group that
+    differs only through the judge or the length penalty has no outcome signal).
+  modes_BxG: int behaviour mode of each response from its task's `behaviour_mode` (the
+    policy-recall task's 0 = answered with ids alone, 1 = consulted the rules), -1 for tasks
+    without modes; IFPO's input.
+  """
+  rewards_BxG: np.ndarray
+  verifier_BxG: np.ndarray
+  modes_BxG: np.ndarray
+  metrics: dict
+
+  def select(self, groups_K) -> 'Scores':
+    pick = lambda x: np.asarray(x)[np.asarray(groups_K)]
+    return Scores(pick(self.rewards_BxG), pick(self.verifier_BxG), pick(self.modes_BxG),
+                  self.metrics)
+
+
+def overlong_limits(config) -> dict:
+  """L_max (the completion length), L_cache and the factor of DAPO's overlong penalty."""
+  from rlreason.run_setup import completion_length
+  o, max_len = config.overlong, completion_length(config)
+  return dict(max_len=max_len, cache_len=o.cache_len or max(1, max_len // 4),
+              penalty_factor=o.penalty_factor)
+
+
+def behaviour_mode_fn(task: str):
+  """The synthetic task's `behaviour_mode(completion) -> int` (IFPO's modes), or None."""
+  from rlreason import tasks
+  if task not in tasks.TASKS:
+    return None
+  module = importlib.import_module(tasks.TASKS[task].generate.__module__)
+  return getattr(module, 'behaviour_mode', None)
+
+
+def _modes_N(texts, examples, first: int, g: int) -> np.ndarray:
+  fns = {ex.task: behaviour_mode_fn(ex.task) for ex in examples}
+  return np.array([-1 if fns[ex.task] is None else fns[ex.task](text) for ex, text in
+                   ((examples[(first + n) // g], text) for n, text in enumerate(texts))], np.int32)
+
+
+def verifier_item(example, completion: str, *, num_tokens: int, max_len: int, cache_len: int,
+                  penalty_factor: float) -> dict:
+  """The item a verifier scores: completion, gold answer and the example's meta fields, plus
+  the token counts the loop knows (the `overlong` verifier reads num_tokens, max_len,
+  cache_len and penalty_factor; the others ignore them)."""
+  return {'completion': completion, 'answer': example.answer, **example.meta,
+          'num_tokens': num_tokens, 'max_len': max_len, 'cache_len': cache_len,
+          'penalty_factor': penalty_factor}
+
+
+def score(run, rollout: Rollout, examples, *, progress: float, params=None,
+          judge: bool = True) -> tuple[Scores, list]:
+  """(Scores, verdicts) of a rollout: the verifier pool, then the judge and overlong shaping.
+
+  With a judge (run.judge and `judge`), the rewards are its composition with the verifier's,
+  weighted at `progress`; `params` are the policy's, for a judge that is the policy itself.
   """
   g = rollout.group_size
   texts = decode_completions(run, rollout)
   first = multihost.row_block(rollout.tokens_NxL.shape[0]).start  # Each host verifies its rows.
-  items = [{'completion': text, 'answer': examples[(first + n) // g].answer,
-            **examples[(first + n) // g].meta} for n, text in enumerate(texts)]
+  lengths_N = multihost.local_rows(rollout.lengths_N)
+  limits = overlong_limits(run.config)
+  items = [verifier_item(examples[(first + n) // g], text, num_tokens=int(lengths_N[n]), **limits)
+           for n, text in enumerate(texts)]
   verdicts = multihost.gather_verdicts(run.pool.score(
       items, verifier=run.config.verifier.name, deadline_s=run.config.verifier.deadline_s))
-  rewards_BxG = np.array([v.reward for v in verdicts], np.float32).reshape(-1, g)
+  verifier_BxG = np.array([v.reward for v in verdicts], np.float32).reshape(-1, g)
+  modes_BxG = multihost.gather_rows(_modes_N(texts, examples, first, g)).reshape(-1, g)
   statuses = [v.status for v in verdicts]
   metrics = {f'verifier/{s}_frac': statuses.count(s) / len(statuses) for s in set(statuses)}
   metrics['train/accuracy'] = statuses.count('correct') / len(statuses)
   metrics['verifier/latency_max_s'] = max(v.latency_s for v in verdicts)
-  if run.judge is not None and not return_verdicts:  # Evaluation counts verdicts only.
+  rewards_BxG = verifier_BxG
+  if run.judge is not None and judge:
     from rlreason import judge as judge_lib
     result = run.judge.score([examples[n // g].prompt for n in range(len(texts))], texts,
                              params=params)
     rewards_N, mix_metrics = judge_lib.combine(
-        run.reward_mix, verifier_rewards=rewards_BxG.reshape(-1),
+        run.reward_mix, verifier_rewards=verifier_BxG.reshape(-1),
         judge_rewards=result.rewards_N, progress=progress)
     rewards_BxG = np.array(rewards_N, np.float32).reshape(-1, g)
     metrics.update({**result.metrics(), **mix_metrics})
-  return (rewards_BxG, verdicts) if return_verdicts else (rewards_BxG, metrics)
+  if run.config.overlong.enabled:
+    from rlreason.verifiers import overlong
+    all_lengths_N = multihost.gather_rows(lengths_N)
+    penalty_BxG = np.array([overlong.overlong_penalty(int(n), **limits) for n in all_lengths_N],
+                           np.float32).reshape(-1, g)
+    rewards_BxG = rewards_BxG + penalty_BxG
+    metrics['overlong/penalty_mean'] = float(penalty_BxG.mean())
+    metrics['overlong/penalised_frac'] = float((penalty_BxG < 0).mean())
+  scores = Scores(rewards_BxG=rewards_BxG, verifier_BxG=verifier_BxG, modes_BxG=modes_BxG,
+                  metrics=metrics)
+  return scores, verdicts
+
+
+def verify(run, rollout: Rollout, examples, *, progress: float, return_verdicts: bool = False,
+           params=None):
+  """(rewards_BxG as np.float32, metrics), or (rewards_BxG, verdicts); see `score`.
+
+  Evaluation (return_verdicts=True) counts verdicts only, so the judge is not asked.
+  """
+  scores, verdicts = score(run, rollout, examples, progress=progress, params=params,
+                           judge=not return_verdicts)
+  return scores.rewards_BxG, (verdicts if return_verdicts else scores.metrics)
 
 
 def select_groups(rollout: Rollout, groups_K) -> Rollout:
@@ -65,33 +149,39 @@ def select_groups(rollout: Rollout, groups_K) -> Rollout:
 
 
 def dynamic_filter(rounds, num_groups: int, *, enabled: bool = True):
-  """DAPO's dynamic sampling over one or more sampled rounds: (rollout, rewards_BxG, filled).
+  """DAPO's dynamic sampling over one or more sampled rounds: (rollout, scores, filled).
 
-  Keeps groups whose rewards are not all equal, in order, up to `num_groups`. When fewer are
-  available, the batch is completed with dropped groups whose tokens are masked out of the
-  loss, so shapes (and compilations) stay fixed; `filled` is the fraction that is real.
-  With enabled=False it returns the first round unchanged and filled = 1.
+  `rounds` holds (rollout, Scores) pairs. Keeps groups whose *verifier* rewards are not all
+  equal (DAPO filters on the accuracy metric, not the shaped or judge-combined score), in
+  order, up to `num_groups`. When fewer are available, the batch is completed with dropped
+  groups whose tokens are masked out of the loss, so shapes (and compilations) stay fixed;
+  `filled` is the fraction that is real. With enabled=False it returns the first round
+  unchanged and filled = 1.
   """
   if not enabled:
-    rollout, rewards_BxG = rounds[0]
-    return rollout, rewards_BxG, 1.0
+    rollout, scores = rounds[0]
+    return rollout, scores, 1.0
   kept, dropped = [], []
-  for r, (rollout, rewards_BxG) in enumerate(rounds):
-    keep_B = np.asarray(advantage_transforms.dapo_group_filter(jnp.asarray(rewards_BxG)))
+  for r, (rollout, scores) in enumerate(rounds):
+    keep_B = np.asarray(advantage_transforms.dapo_group_filter(jnp.asarray(scores.verifier_BxG)))
     kept += [(r, b) for b in np.flatnonzero(keep_B)]
     dropped += [(r, b) for b in np.flatnonzero(~keep_B)]
   chosen = (kept + dropped)[:num_groups]
   real = min(len(kept), num_groups)
   parts = [select_groups(rounds[r][0], np.array([b])) for r, b in chosen]
   rollout = jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
-  rewards_BxG = np.stack([rounds[r][1][b] for r, b in chosen])
+  picked = [rounds[r][1].select([b]) for r, b in chosen]
+  scores = Scores(*(np.concatenate([getattr(p, f) for p in picked])
+                    for f in ('rewards_BxG', 'verifier_BxG', 'modes_BxG')),
+                  metrics=rounds[0][1].metrics)
   real_N = np.repeat(np.arange(len(chosen)) < real, rollout.group_size)
   rollout = rollout.replace(mask_NxL=rollout.mask_NxL & jnp.asarray(real_N)[:, None])
-  return rollout, rewards_BxG, real / num_groups
+  return rollout, scores, real / num_groups
 
 
-def make_train_batch(run, params, rollout: Rollout):
-  """TrainBatch with recomputed old (and reference) log-probs; advantages filled in later."""
+def make_train_batch(run, params, rollout: Rollout, *, value_params=None):
+  """TrainBatch with recomputed old (and reference) log-probs, and the critic's values when
+  `value_params` is given; advantages (and GAE returns) are filled in later."""
   from rlreason import sampler
   tokens_NxT, mask_NxT = sampler.sequences(rollout)
   length = rollout.tokens_NxL.shape[1]
@@ -99,6 +189,9 @@ def make_train_batch(run, params, rollout: Rollout):
   ref = stats.logprobs_NxT
   if run.objective.kl_coef:
     ref = run.logprobs(run.ref_params, tokens_NxT, mask_NxT, length).logprobs_NxT
+  old_values = None
+  if value_params is not None:
+    old_values = run.values(params, value_params, tokens_NxT, mask_NxT, length)
   batch = TrainBatch(
       tokens_NxT=tokens_NxT, mask_NxT=mask_NxT, loss_mask_NxL=rollout.mask_NxL,
       advantages_NxL=jnp.zeros(rollout.mask_NxL.shape, jnp.float32),
@@ -106,7 +199,10 @@ def make_train_batch(run, params, rollout: Rollout):
       # NaN marks tokens that count as the learner's own (HAPO teacher traces, mixed_policy.py).
       behaviour_logprobs_NxL=jnp.where(jnp.isnan(rollout.behaviour_logprobs_NxL),
                                        stats.logprobs_NxT, rollout.behaviour_logprobs_NxL),
-      prefix_mask_NxL=rollout.prefix_mask_NxL)
+      prefix_mask_NxL=rollout.prefix_mask_NxL,
+      # Single-turn episodes: one turn, id 0 (multi-turn rollouts will fill this per token).
+      turn_ids_NxL=jnp.zeros(rollout.mask_NxL.shape, jnp.int32),
+      old_values_NxL=old_values)
   return batch, stats
 
 
@@ -122,18 +218,52 @@ def throughput(times: dict[str, float]) -> dict[str, float]:
           for k, v in times.items() if k.startswith('tokens/') and f'time/{k[7:]}_s' in times}
 
 
-def advantages_for(run, rewards_BxG, stats, mask_NxL, *, progress: float):
-  """Per-token advantages from the configured estimator and transforms."""
+def transform_kwargs(name: str, options) -> dict:
+  """A transform's options from objective.transform_kwargs, with the loop's defaults (IFPO:
+  two modes, answered directly / consulted the rules)."""
+  defaults = {'ifpo': {'num_modes': 2}}.get(name, {})
+  return {**defaults, **dict(options.get(name, {}))}
+
+
+def _transform_tokens(fn, adv_NxL, second_BxG, kwargs):
+  """A BxG transform applied to token-level advantages, column by column: token l of each
+  response is transformed as if A_{i,l} were the response's advantage. Every registered
+  transform is a per-prompt or per-response scaling of A (A-GRAE's also depends on A's sign),
+  so padding (A = 0) stays 0."""
+  b, g = second_BxG.shape
+  adv_BxGxL = adv_NxL.reshape(b, g, -1)
+  out_BxGxL = jax.vmap(lambda a_BxG: fn(a_BxG, second_BxG, **kwargs), in_axes=2,
+                       out_axes=2)(adv_BxGxL)
+  return out_BxGxL.reshape(adv_NxL.shape)
+
+
+def advantages_for(run, scores: Scores, stats, batch: TrainBatch, *, progress: float):
+  """(advantages_NxL, GAE returns_NxL or None) from the configured estimator and transforms.
+
+  Group estimators give one advantage per response; OTB and GAE one per token, and the
+  transforms then apply per token (`_transform_tokens`). IFPO reads the behaviour modes,
+  the other transforms the rewards.
+  """
   del progress  # Schedules (HAPO's threshold annealing) hook in here.
   o, g = run.config.objective, run.config.rl.group_size
-  rewards = jnp.asarray(rewards_BxG, jnp.float32)
-  if o.advantage == 'otb':
+  mask_NxL = batch.loss_mask_NxL
+  rewards = jnp.asarray(scores.rewards_BxG, jnp.float32)
+  kwargs = dict(o.advantage_kwargs)
+  adv, returns_NxL, token_level = None, None, o.advantage in ('otb', 'gae')
+  if token_level:
     token_rewards = advantages.outcome_token_rewards(rewards.reshape(-1), mask_NxL)
-    kwargs = {'zero_tail': False, **dict(o.advantage_kwargs)}
-    return advantages.otb(token_rewards, stats.logprobs_NxT, stats.sum_sq_probs_NxT, mask_NxL,
-                          group_size=g, **kwargs)
-  adv_BxG = advantages.get_estimator(o.advantage)(rewards, **dict(o.advantage_kwargs))
+  if o.advantage == 'otb':
+    adv = advantages.otb(token_rewards, stats.logprobs_NxT, stats.sum_sq_probs_NxT, mask_NxL,
+                         group_size=g, **{'zero_tail': False, **kwargs})
+  elif o.advantage == 'gae':
+    adv, returns_NxL = advantages.gae(token_rewards, batch.old_values_NxL, mask_NxL, **kwargs)
+  else:
+    adv = advantages.get_estimator(o.advantage)(rewards, **kwargs)
   for name in o.transforms:
-    kwargs = dict(o.transform_kwargs.get(name, {}))
-    adv_BxG = advantage_transforms.get_transform(name)(adv_BxG, rewards, **kwargs)
-  return jnp.broadcast_to(adv_BxG.reshape(-1)[:, None], mask_NxL.shape) * mask_NxL
+    fn = advantage_transforms.get_transform(name)
+    second = jnp.asarray(scores.modes_BxG) if name == 'ifpo' else rewards
+    kw = transform_kwargs(name, o.transform_kwargs)
+    adv = _transform_tokens(fn, adv, second, kw) if token_level else fn(adv, second, **kw)
+  if not token_level:
+    adv = jnp.broadcast_to(adv.reshape(-1)[:, None], mask_NxL.shape)
+  return adv * mask_NxL, returns_NxL

@@ -60,6 +60,9 @@ class Run:
   judge: Any = None  # With config.judge.enabled: a judge.Judge and the RewardComposition
   reward_mix: Any = None  # of its reward with the verifier's.
   prefix_params: Any = None  # With prefix_rollouts.enabled: the older snapshot (mixed_policy).
+  values: Callable | None = None  # With critic.enabled: jitted update.values_step,
+  init_value_params: Any = None  # the fresh value head
+  value_optimizer: Any = None  # and its optimizer (critic.lr).
   restored: bool = False  # Set by restore_or_init: whether a checkpoint was found.
 
   def restore_or_init(self):
@@ -86,10 +89,14 @@ class Run:
           self, abstract.params, step, self._ref_from_checkpoint(abstract))
     return state, step
 
+  def init_state(self, params):
+    """A fresh TrainState around `params` (with the critic head when the config has one)."""
+    return update.init_state(params, self.optimizer, value_params=self.init_value_params,
+                             value_optimizer=self.value_optimizer)
+
   def _fresh_state(self):
     with jax.set_mesh(self.mesh):
-      return jax.jit(lambda p: update.init_state(p, self.optimizer),
-                     out_shardings=self.state_shardings)(self.init_params)
+      return jax.jit(self.init_state, out_shardings=self.state_shardings)(self.init_params)
 
   def _ref_from_checkpoint(self, abstract):
     # The reference policy is the step-0 policy (after the warm start).
@@ -209,17 +216,26 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
   opt = config.optimizer
   optimizer = make_optimizer(lr=opt.lr, warmup_steps=opt.warmup_steps, b1=opt.b1, b2=opt.b2,
                              weight_decay=opt.weight_decay, grad_clip=opt.grad_clip)
-  abstract_state = jax.eval_shape(lambda p: update.init_state(p, optimizer), params)
+  critic = config.critic
+  value_optimizer = value_params = None
+  if critic.enabled:
+    value_params = model.init_value_head(cfg)
+    value_optimizer = make_optimizer(lr=critic.lr, warmup_steps=critic.warmup_steps,
+                                     b1=opt.b1, b2=opt.b2, grad_clip=critic.grad_clip)
+  abstract_state = jax.eval_shape(lambda p, v: update.init_state(
+      p, optimizer, value_params=v, value_optimizer=value_optimizer), params, value_params)
   state_sh = update.state_shardings(abstract_state, param_sh, mesh)
   o = config.objective
   objective = update.Objective(
       policy_loss=o.policy_loss, loss_kwargs=tuple(sorted(dict(o.loss_kwargs).items())),
       aggregation=o.aggregation, max_len=completion_length(config), kl_coef=o.kl_coef,
       kl_estimator=o.kl_estimator, entropy_coef=o.entropy_coef,
-      temperature=max(config.rl.temperature, 1e-6), group_size=config.rl.group_size)
+      temperature=max(config.rl.temperature, 1e-6), group_size=config.rl.group_size,
+      value_coef=critic.coef if critic.enabled else 0.0, value_clip=critic.clip)
   train_step = jax.jit(
       lambda s, b: update.train_step(s, b, cfg=cfg, objective=objective, optimizer=optimizer,
-                                     micro_batches=config.rl.micro_batches),
+                                     micro_batches=config.rl.micro_batches,
+                                     value_optimizer=value_optimizer),
       out_shardings=(state_sh, None), donate_argnums=0)
   logprobs = jax.jit(lambda p, t, m, l: update.logprobs_step(
       p, t, m, cfg=cfg, completion_len=l, temperature=objective.temperature),
@@ -240,7 +256,11 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
                                            best_metric='eval/pass@1'),
       root_rng=multihost.replicate_key(jax.random.fold_in(root, 1), mesh),
       eval_rng=multihost.replicate_key(jax.random.fold_in(root, 2), mesh),
-      optimizer=optimizer)
+      optimizer=optimizer, init_value_params=value_params, value_optimizer=value_optimizer)
+  if critic.enabled:
+    run.init_value_params = jax.device_put(value_params, state_sh.value_params)
+    run.values = jax.jit(lambda p, v, t, m, l: update.values_step(
+        p, v, t, m, cfg=cfg, completion_len=l), static_argnums=4)
   if jax.process_count() > 1 and (config.hapo.enabled or config.prefix_rollouts.enabled):
     # Teacher traces are built and verified on the host, and the sampler checks prefixes on
     # the host: both assume every row is addressable here.

@@ -65,10 +65,13 @@ class Rollout:
 
 @flax.struct.dataclass
 class TrainState:
+  """Policy params and optimizer state; with a critic, the value head's and its optimizer's."""
   params: Any
   opt_state: Any
   step: jax.Array  # int32: optimizer updates applied.
   skipped: jax.Array  # int32: updates skipped for a non-finite loss or gradient.
+  value_params: Any = None  # model.init_value_head, only when config.critic.enabled.
+  value_opt_state: Any = None
 
 
 @flax.struct.dataclass
@@ -82,3 +85,6 @@ class TrainBatch:
   ref_logprobs_NxL: jax.Array
   behaviour_logprobs_NxL: jax.Array
   prefix_mask_NxL: jax.Array
+  turn_ids_NxL: jax.Array | None = None  # int32 turn index per token (single-turn: all 0)
+  old_values_NxL: jax.Array | None = None  # value head at sampling time (critic runs only)
+  returns_NxL: jax.Array | None = None  # GAE returns, the value head's targets

@@ -7,10 +7,12 @@ update.logprobs_step, update.train_step); the host sees token ids (to decode for
 verifiers) and scalar metrics, one step late.
 
 Deliberately not here: asynchronous sampling (the loop is synchronous), multi-host data
-feeding beyond per-process sharding of the prompt stream, value heads.
+feeding beyond per-process sharding of the prompt stream. The optional critic (config.critic)
+is a value head on the policy's trunk, trained in the same update (update.py).
 """
 
 import contextlib
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -26,8 +28,8 @@ from rlreason import mixed_policy
 from rlreason import multihost
 from rlreason import sampler
 from rlreason import sharding
-from rlreason.rl_batch import (advantages_for, dynamic_filter, make_train_batch, throughput,
-                               verify, zero_variance_fraction)
+from rlreason.rl_batch import (advantages_for, dynamic_filter, make_train_batch, score,
+                               throughput, zero_variance_fraction)
 from rlreason.run_setup import Run, build, encode_prompts, export_policy, sft_loop
 
 
@@ -40,7 +42,7 @@ def phase(times: dict[str, float], name: str):
 
 def sample_and_verify(run: Run, params, examples, rng, *, step: int, progress: float,
                       times: dict[str, float]):
-  """One batch of B prompts x G samples, scored: (rollout, rewards_BxG, verifier metrics).
+  """One batch of B prompts x G samples, scored: (rollout, rl_batch.Scores).
 
   With prefix_rollouts, rows start from an older snapshot's prefix; the schedule records
   the policy's rewards; with hapo, teacher traces then replace some lowest-reward rows.
@@ -62,7 +64,8 @@ def sample_and_verify(run: Run, params, examples, rng, *, step: int, progress: f
       rollout = jax.device_put(rollout, jax.tree.map(
           lambda x: sharding.data_sharding(run.mesh, x.shape), rollout))
   with phase(times, 'verify'):
-    rewards_BxG, vmetrics = verify(run, rollout, examples, progress=progress, params=params)
+    scores, _ = score(run, rollout, examples, progress=progress, params=params)
+  rewards_BxG, vmetrics = scores.rewards_BxG, scores.metrics
   tokens = int(jax.device_get(rollout.lengths_N.sum()))
   for name in ('generate', 'verify'):
     times[f'tokens/{name}'] = times.get(f'tokens/{name}', 0) + tokens
@@ -74,7 +77,13 @@ def sample_and_verify(run: Run, params, examples, rng, *, step: int, progress: f
         params=params, progress=progress)
     vmetrics.update(hapo_metrics)
     vmetrics['hapo/zero_variance_frac'] = zero_variance_fraction(rewards_BxG)
-  return rollout, rewards_BxG, vmetrics
+    # Injected teacher rows: their reward is the teacher's, their behaviour mode unknown.
+    injected_BxG = rewards_BxG != scores.rewards_BxG
+    scores = dataclasses.replace(
+        scores, rewards_BxG=rewards_BxG, metrics=vmetrics,
+        verifier_BxG=np.where(injected_BxG, rewards_BxG, scores.verifier_BxG),
+        modes_BxG=np.where(injected_BxG, -1, scores.modes_BxG))
+  return rollout, scores
 
 
 def evaluate_policy(run: Run, params, rng) -> dict[str, float]:
@@ -95,22 +104,22 @@ def rl_step(run: Run, state, step: int, times: dict[str, float]):
   for attempt in range(1 + (rl.max_refill_rounds if rl.dynamic_sampling else 0)):
     with phase(times, 'sample'):
       examples = next(run.data_iter)
-      rollout, rewards_BxG, vmetrics = sample_and_verify(
+      rollout, scores = sample_and_verify(
           run, sample_params, examples, jax.random.fold_in(rng, attempt), step=step,
           progress=progress, times=times)
     if attempt == 0:
-      metrics.update(vmetrics)
-    groups.append((rollout, rewards_BxG))
+      metrics.update(scores.metrics)
+    groups.append((rollout, scores))
     if not rl.dynamic_sampling or dynamic_filter(groups, rl.prompts_per_step)[2] >= 1.0:
       break
-  rollout, rewards_BxG, kept_frac = dynamic_filter(groups, rl.prompts_per_step,
-                                                   enabled=rl.dynamic_sampling)
+  rollout, scores, kept_frac = dynamic_filter(groups, rl.prompts_per_step,
+                                              enabled=rl.dynamic_sampling)
   metrics['dynamic_sampling/filled_frac'] = kept_frac
   metrics['dynamic_sampling/rounds'] = len(groups)
   with phase(times, 'update'):
-    batch, stats = make_train_batch(run, state.params, rollout)
-    adv_NxL = advantages_for(run, rewards_BxG, stats, batch.loss_mask_NxL, progress=progress)
-    batch = batch.replace(advantages_NxL=adv_NxL)
+    batch, stats = make_train_batch(run, state.params, rollout, value_params=state.value_params)
+    adv_NxL, returns_NxL = advantages_for(run, scores, stats, batch, progress=progress)
+    batch = batch.replace(advantages_NxL=adv_NxL, returns_NxL=returns_NxL)
     perm = np.arange(rl.prompts_per_step)
     for epoch in range(rl.epochs):
       if epoch:  # Reshuffle whole groups between epochs, deterministically per step.
@@ -123,7 +132,7 @@ def rl_step(run: Run, state, step: int, times: dict[str, float]):
   mixed_policy.refresh_prefix_policy(run, state.params, step)
   metrics.update(step_metrics)
   metrics.update(sampler.metrics(rollout))
-  metrics['train/reward'] = rewards_BxG.mean()
+  metrics['train/reward'] = scores.rewards_BxG.mean()
   return state, metrics
 
 

@@ -8,6 +8,10 @@ All are jittable with no I/O; the caller jits them with explicit shardings and d
 state. Log-probs of completion token l come from position P + l - 1 (P = T - L), computed
 chunk by chunk from the final hidden states (token_stats.py), so the NxTxV logits never exist.
 
+With a critic (Objective.value_coef > 0), the value head (model.init_value_head) sits on the
+same final hidden states: the step adds value_coef x the clipped value loss, whose gradient
+reaches the head (its own optimizer and learning rate) and the shared trunk.
+
 A train step accumulates gradients over micro-batches with a scan. Every normaliser is a
 global count computed on the whole minibatch before the split (aggregation.denominators), so
 the loss and gradient do not depend on the number of micro-batches. A non-finite loss or
@@ -49,6 +53,8 @@ class Objective:
   entropy_coef: float = 0.0
   temperature: float = 1.0
   group_size: int = 1
+  value_coef: float = 0.0  # > 0: train the critic head with PPO's clipped value loss.
+  value_clip: float | None = 0.5  # ε_v of the value loss (verl's cliprange_value).
 
   def __post_init__(self):
     losses.get_policy_loss(self.policy_loss)  # Unknown names fail here, listing known ones.
@@ -56,10 +62,16 @@ class Objective:
     kl.get_kl_estimator(self.kl_estimator)
 
 
-def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
-  """A fresh TrainState around given params (jit it with out_shardings to place it)."""
+def init_state(params, optimizer: optax.GradientTransformation, *, value_params=None,
+               value_optimizer: optax.GradientTransformation | None = None) -> TrainState:
+  """A fresh TrainState around given params (jit it with out_shardings to place it).
+
+  With `value_params` (a critic head), `value_optimizer` holds its own optimizer state.
+  """
+  value_opt_state = None if value_params is None else value_optimizer.init(value_params)
   return TrainState(params=params, opt_state=optimizer.init(params),
-                    step=jnp.zeros((), jnp.int32), skipped=jnp.zeros((), jnp.int32))
+                    step=jnp.zeros((), jnp.int32), skipped=jnp.zeros((), jnp.int32),
+                    value_params=value_params, value_opt_state=value_opt_state)
 
 
 def state_shardings(abstract_state: TrainState, param_shardings, mesh):
@@ -81,22 +93,47 @@ def state_shardings(abstract_state: TrainState, param_shardings, mesh):
     return replicated
 
   opt = jax.tree_util.tree_map_with_path(pick, abstract_state.opt_state)
-  return TrainState(params=param_shardings, opt_state=opt, step=replicated, skipped=replicated)
+  critic = lambda tree: jax.tree.map(lambda _: replicated, tree)  # D + 1 numbers: replicated.
+  return TrainState(params=param_shardings, opt_state=opt, step=replicated, skipped=replicated,
+                    value_params=critic(abstract_state.value_params),
+                    value_opt_state=critic(abstract_state.value_opt_state))
 
 
 def _output_matrix(params, cfg: model.ModelConfig):
   return params['embed'].T if cfg.tie_embeddings else params['lm_head']
 
 
-def completion_stats(params, tokens_NxT, mask_NxT, *, cfg: model.ModelConfig,
-                     completion_len: int, temperature: float = 1.0, token_chunk: int = 512,
-                     vocab_chunk: int = 8192) -> token_stats.TokenStats:
-  """Log-prob, entropy and sum of squared probs of each completion token (NxL), chunked."""
+def _completion_hidden(params, tokens_NxT, mask_NxT, *, cfg, completion_len):
+  """Hidden states NxLxD that predict completion token l (position P + l - 1)."""
   p = tokens_NxT.shape[1] - completion_len
   h_NxTxD, _ = model.apply(params, tokens_NxT, cfg=cfg, mask_NxT=mask_NxT, return_hidden=True)
-  return token_stats.token_stats_from_hidden(
-      h_NxTxD[:, p - 1:-1], _output_matrix(params, cfg), tokens_NxT[:, p:],
+  return h_NxTxD[:, p - 1:-1]
+
+
+def completion_stats(params, tokens_NxT, mask_NxT, *, cfg: model.ModelConfig,
+                     completion_len: int, temperature: float = 1.0, token_chunk: int = 512,
+                     vocab_chunk: int = 8192, value_params=None):
+  """Log-prob, entropy and sum of squared probs of each completion token (NxL), chunked.
+
+  With `value_params`, (stats, values_NxL): the critic's V at the state before each completion
+  token, from the same forward (verl reads values[:, P-1:-1] the same way).
+  """
+  h_NxLxD = _completion_hidden(params, tokens_NxT, mask_NxT, cfg=cfg,
+                               completion_len=completion_len)
+  stats = token_stats.token_stats_from_hidden(
+      h_NxLxD, _output_matrix(params, cfg), tokens_NxT[:, -completion_len:],
       temperature=temperature, token_chunk=token_chunk, vocab_chunk=vocab_chunk)
+  if value_params is None:
+    return stats
+  return stats, model.values_from_hidden(value_params, h_NxLxD)
+
+
+def values_step(params, value_params, tokens_NxT, mask_NxT, *, cfg: model.ModelConfig,
+                completion_len: int):
+  """The critic's values_NxL of the completion tokens (GAE's V), without gradients."""
+  h_NxLxD = _completion_hidden(params, tokens_NxT, mask_NxT, cfg=cfg,
+                               completion_len=completion_len)
+  return jax.lax.stop_gradient(model.values_from_hidden(value_params, h_NxLxD))
 
 
 def logprobs_step(params, tokens_NxT, mask_NxT, *, cfg: model.ModelConfig, completion_len: int,
@@ -110,20 +147,28 @@ def logprobs_step(params, tokens_NxT, mask_NxT, *, cfg: model.ModelConfig, compl
 def _policy_loss_kwargs(fn, batch: TrainBatch, objective: Objective) -> dict[str, Any]:
   """Options from the objective, plus the batch fields a loss asks for by name."""
   params = inspect.signature(fn).parameters
+  turn_ids_NxL = batch.turn_ids_NxL
+  if turn_ids_NxL is None:  # Single-turn episodes: every token is turn 0 of 1.
+    turn_ids_NxL = jnp.zeros(batch.loss_mask_NxL.shape, jnp.int32)
   extra = {'group_size': objective.group_size, 'prefix_mask_NxL': batch.prefix_mask_NxL,
            'behavior_logprobs_NxL': batch.behaviour_logprobs_NxL,
-           'behaviour_logprobs_NxL': batch.behaviour_logprobs_NxL}
+           'behaviour_logprobs_NxL': batch.behaviour_logprobs_NxL,
+           'turn_ids_NxL': turn_ids_NxL, 'num_turns': 1}
   kwargs = {k: v for k, v in extra.items() if k in params}
   kwargs.update(dict(objective.loss_kwargs))
   return kwargs
 
 
 def loss_fn(params, batch: TrainBatch, denominator, *, cfg: model.ModelConfig,
-            objective: Objective):
-  """Aggregated loss (already divided by the global denominator) and its metrics."""
-  stats = completion_stats(params, batch.tokens_NxT, batch.mask_NxT, cfg=cfg,
-                           completion_len=batch.loss_mask_NxL.shape[1],
-                           temperature=objective.temperature)
+            objective: Objective, value_params=None):
+  """Aggregated loss (already divided by the global denominator) and its metrics.
+
+  With `value_params` (a critic), adds value_coef x the aggregated clipped value loss.
+  """
+  out = completion_stats(params, batch.tokens_NxT, batch.mask_NxT, cfg=cfg,
+                         completion_len=batch.loss_mask_NxL.shape[1],
+                         temperature=objective.temperature, value_params=value_params)
+  stats, values_NxL = out if value_params is not None else (out, None)
   logprobs_NxL, mask_NxL = stats.logprobs_NxT, batch.loss_mask_NxL
   fn = losses.get_policy_loss(objective.policy_loss)
   loss_NxL, weights_NxL, metrics = fn(logprobs_NxL, batch.old_logprobs_NxL,
@@ -137,6 +182,16 @@ def loss_fn(params, batch: TrainBatch, denominator, *, cfg: model.ModelConfig,
     loss_NxL = loss_NxL - objective.entropy_coef * stats.entropy_NxT
   total = aggregation.aggregate(loss_NxL, weights_NxL, mode=objective.aggregation,
                                 denominator=denominator)
+  if values_NxL is not None:
+    vloss_NxL, value_metrics = losses.value_loss(values_NxL, batch.old_values_NxL,
+                                                 batch.returns_NxL, mask_NxL,
+                                                 clip=objective.value_clip)
+    vloss = aggregation.aggregate(vloss_NxL, mask_NxL, mode=objective.aggregation,
+                                  denominator=denominator)
+    metrics['policy_loss'] = total
+    total = total + objective.value_coef * vloss
+    metrics.update(value_metrics)
+    metrics['value/loss'] = vloss
   metrics.update(policy_metrics(mask_NxL, entropy_NxL=stats.entropy_NxT,
                                 logprobs_NxL=logprobs_NxL))
   return total, metrics
@@ -147,18 +202,30 @@ def _split(tree, num: int):
   return jax.tree.map(lambda x: x.reshape(num, x.shape[0] // num, *x.shape[1:]), tree)
 
 
-def _apply_if_finite(state: TrainState, grads, loss, optimizer):
+def _apply_if_finite(state: TrainState, grads, loss, optimizer, *, value_grads=None,
+                     value_optimizer=None):
+  """One optimizer update (and the critic head's, with its own optimizer), or none at all."""
   grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  metrics = {'loss': loss, 'grad_norm': grad_norm}
+  if value_grads is not None:
+    metrics['value/grad_norm'] = optax.tree.norm(value_grads)
+    finite &= jnp.isfinite(metrics['value/grad_norm'])
+  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-  new_state = TrainState(params=keep(params, state.params),
-                         opt_state=keep(opt_state, state.opt_state),
-                         step=state.step + finite.astype(jnp.int32),
-                         skipped=state.skipped + (~finite).astype(jnp.int32))
-  return new_state, {'loss': loss, 'grad_norm': grad_norm,
-                     'skipped_nonfinite': (~finite).astype(jnp.float32)}
+  new_state = state.replace(params=keep(params, state.params),
+                            opt_state=keep(opt_state, state.opt_state),
+                            step=state.step + finite.astype(jnp.int32),
+                            skipped=state.skipped + (~finite).astype(jnp.int32))
+  if value_grads is not None:
+    v_updates, v_opt_state = value_optimizer.update(value_grads, state.value_opt_state,
+                                                    state.value_params)
+    new_state = new_state.replace(
+        value_params=keep(optax.apply_updates(state.value_params, v_updates),
+                          state.value_params),
+        value_opt_state=keep(v_opt_state, state.value_opt_state))
+  return new_state, {**metrics, 'skipped_nonfinite': (~finite).astype(jnp.float32)}
 
 
 def accumulate_gradients(per_micro_loss, params, micro_batches, num: int):
@@ -178,17 +245,34 @@ def accumulate_gradients(per_micro_loss, params, micro_batches, num: int):
 
 def train_step(state: TrainState, batch: TrainBatch, *, cfg: model.ModelConfig,
                objective: Objective, optimizer: optax.GradientTransformation,
-               micro_batches: int = 1):
-  """One optimizer update on a minibatch: (state, metrics)."""
+               micro_batches: int = 1,
+               value_optimizer: optax.GradientTransformation | None = None):
+  """One optimizer update on a minibatch: (state, metrics).
+
+  With a critic (objective.value_coef > 0 and state.value_params), `value_optimizer` updates
+  the value head; the batch must carry old_values_NxL and returns_NxL.
+  """
   n = batch.tokens_NxT.shape[0]
   if n % micro_batches or (n // micro_batches) % objective.group_size:
     raise ValueError(f'train_step: {n} rows do not split into {micro_batches} micro-batches '
                      f'of whole groups of {objective.group_size}.')
   denominator = aggregation.denominators(batch.loss_mask_NxL, mode=objective.aggregation,
                                          max_len=objective.max_len)
-  per_micro = lambda p, micro: loss_fn(p, micro, denominator, cfg=cfg, objective=objective)
-  loss, grads, metrics = accumulate_gradients(per_micro, state.params, batch, micro_batches)
-  state, step_metrics = _apply_if_finite(state, grads, loss, optimizer)
+  critic = objective.value_coef > 0
+  if critic and (state.value_params is None or value_optimizer is None
+                 or batch.returns_NxL is None):
+    raise ValueError('train_step: value_coef > 0 needs state.value_params, value_optimizer '
+                     'and a batch with old_values_NxL and returns_NxL.')
+  trainable = (state.params, state.value_params if critic else None)
+  per_micro = lambda pv, micro: loss_fn(pv[0], micro, denominator, cfg=cfg, objective=objective,
+                                        value_params=pv[1])
+  loss, (grads, value_grads), metrics = accumulate_gradients(per_micro, trainable, batch,
+                                                             micro_batches)
+  for part in ('policy_loss', 'value/loss'):  # Parts of the loss: they add over micro-batches.
+    if part in metrics:
+      metrics[part] = metrics[part] * micro_batches
+  state, step_metrics = _apply_if_finite(state, grads, loss, optimizer, value_grads=value_grads,
+                                         value_optimizer=value_optimizer)
   return state, {**metrics, **step_metrics}
 
 

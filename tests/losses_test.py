@@ -13,7 +13,8 @@ from rlreason import aggregation
 from rlreason import loss_diagnostics
 from rlreason import losses
 
-# Every registered loss with the options it needs; G = 2 groups where one is needed.
+# Every registered loss (and the library-only is_grpo) with the options it needs; G = 2 groups
+# where one is needed.
 ALL_LOSSES = {
     'ppo_clip': dict(eps_low=0.2, eps_high=0.28, dual_clip=3.0),
     'cispo': dict(cap='relative', eps_high=0.2),
@@ -31,6 +32,8 @@ CLIPPED_SURROGATES = [k for k in ALL_LOSSES if k != 'quatro']
 
 
 def _fn(key):
+  if key == 'is_grpo':  # A library function: no prompt sampler of the loop feeds it yet.
+    return losses.is_grpo
   return losses.get_policy_loss('cispo' if key == 'cispo_absolute' else key)
 
 
@@ -375,6 +378,52 @@ class DiagnosticsTest(chex.TestCase):
 
 def test_registry_lists_known_names():
   assert set(losses.POLICY_LOSSES) == {'ppo_clip', 'cispo', 'gspo', 'gspo_token', 'quatro',
-                                       'is_grpo', 'sorl', 'prefix_mixed_ppo'}
+                                       'sorl', 'prefix_mixed_ppo'}
+  assert set(losses.LIBRARY_ONLY) == {'is_grpo'}
   with pytest.raises(KeyError, match='gspo_token'):
     losses.get_policy_loss('grpo')
+
+
+@pytest.mark.parametrize('jit', [False, True])
+def test_sorl_one_turn_episode_equals_the_single_turn_form(jit):
+  # A one-turn episode (turn ids all 0, num_turns = 1), the loop's single-turn input: SORL's
+  # geometric turn ratio is GSPO's sequence ratio, so without its normalisation it is
+  # gspo_token, value and gradient.
+  k1, k2, k3 = jax.random.split(jax.random.key(3), 3)
+  lp = -jax.random.uniform(k1, (4, 5), minval=0.1, maxval=2.0)
+  old = lp + 0.2 * jax.random.normal(k2, (4, 5))
+  adv = jax.random.normal(k3, (4, 1)) * jnp.ones((4, 5))
+  mask = jnp.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 0, 0, 0]])
+  sorl = functools.partial(losses.sorl, turn_ids_NxL=jnp.zeros((4, 5), jnp.int32), num_turns=1,
+                           normalization='none', eps_low=0.2, eps_high=0.2)
+  gspo = functools.partial(losses.gspo_token, eps_low=0.2, eps_high=0.2, log_ratio_clip=20.0)
+  total = lambda fn: lambda x: jnp.sum(fn(x, old, adv, mask)[0])
+  maybe_jit = jax.jit if jit else (lambda f: f)
+  for out in (total, lambda fn: jax.grad(total(fn))):
+    np.testing.assert_allclose(maybe_jit(out(sorl))(lp), maybe_jit(out(gspo))(lp), rtol=1e-6,
+                               atol=1e-7)
+
+
+@pytest.mark.parametrize('jit', [False, True])
+def test_value_loss_hand_case(jit):
+  # Clip ε_v = 0.5, V_old = 0 everywhere; the 4th column is padding (ignored).
+  #   token 0: V = 1, R = 0.5: (V-R)^2 = 0.25, clip(V) = 0.5 -> 0;     ½ max = 0.125
+  #   token 1: V = 0, R = 1:   (V-R)^2 = 1,    clip(V) = 0   -> 1;     ½ max = 0.5
+  #   token 2: V = 1, R = 2:   (V-R)^2 = 1,    clip(V) = 0.5 -> 2.25;  ½ max = 1.125 (clipped)
+  # clip_frac = 1/3. Gradient dℓ/dV: V - R = 0.5, -1 (both branches agree), 0 (the clipped
+  # branch is flat in V). explained_var = 1 - Var(R - V) / Var(R): R - V = [-0.5, 1, 1] has
+  # variance 0.5, R = [0.5, 1, 2] has 7/18, so 1 - 9/7 = -2/7.
+  v = jnp.array([[1.0, 0.0, 1.0, 5.0]])
+  old, ret = jnp.zeros((1, 4)), jnp.array([[0.5, 1.0, 2.0, 9.0]])
+  mask = jnp.array([[1, 1, 1, 0]])
+  fn = lambda v: losses.value_loss(v, old, ret, mask, clip=0.5)
+  fn = jax.jit(fn) if jit else fn
+  loss, metrics = fn(v)
+  np.testing.assert_allclose(loss, [[0.125, 0.5, 1.125, 0.0]], rtol=1e-6)
+  np.testing.assert_allclose(metrics['value/clip_frac'], 1 / 3, rtol=1e-6)
+  np.testing.assert_allclose(metrics['value/explained_var'], -2 / 7, rtol=1e-5)
+  grad = jax.grad(lambda v: jnp.sum(fn(v)[0]))(v)
+  np.testing.assert_allclose(grad, [[0.5, -1.0, 0.0, 0.0]], atol=1e-7)
+  # Without clipping: ½ (V - R)^2 = [0.125, 0.5, 0.5].
+  plain, _ = losses.value_loss(v, old, ret, mask, clip=None)
+  np.testing.assert_allclose(plain, [[0.125, 0.5, 0.5, 0.0]], rtol=1e-6)

@@ -7,6 +7,7 @@ import numpy as np
 import optax
 import pytest
 
+from rlreason import advantages
 from rlreason import model
 from rlreason import update
 from rlreason.structs import TrainBatch
@@ -128,3 +129,70 @@ def test_sft_step_lowers_the_loss_on_its_batch(state):
     s, m = step(s)
     first = m['loss'] if first is None else first
   assert m['loss'] < 0.7 * first
+
+
+def _critic_batch(params, head):
+  # Two groups of G = 2, outcome rewards [1, 0 | 0, 1], completion lengths 3, 2, 1, 4.
+  batch = _batch(params)
+  n = B * G
+  lengths = jnp.array([3, 2, 1, 4, 2, 2, 1, 1])
+  loss_mask = jnp.arange(L)[None] < lengths[:, None]
+  batch = batch.replace(loss_mask_NxL=loss_mask,
+                        mask_NxT=jnp.concatenate([jnp.ones((n, P), bool), loss_mask], 1))
+  rewards_N = jnp.array([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0])
+  values = update.values_step(params, head, batch.tokens_NxT, batch.mask_NxT, cfg=CFG,
+                              completion_len=L)
+  token_rewards = advantages.outcome_token_rewards(rewards_N, loss_mask)
+  adv, returns = advantages.gae(token_rewards, values, loss_mask, whiten=False)
+  return batch.replace(advantages_NxL=adv, old_values_NxL=values, returns_NxL=returns), values
+
+
+@pytest.mark.parametrize('jit', [False, True])
+def test_gae_with_a_value_head_hand_case(state, jit):
+  # A head with kernel 0 and bias 0.25 predicts V = 0.25 on every token. GAE with γ = λ = 1:
+  # A_t = R - V_t = 0.75 on rows with reward 1, -0.25 on rows with 0; returns R_t = A_t + V_t
+  # = the outcome. Value loss (token_mean over the 16 valid tokens; V = V_old, so no clip):
+  # rows with R = 1 have 3 + 4 + 2 + 2 = 11 tokens of ½ 0.75² = 0.28125, rows with R = 0 have
+  # 2 + 1 + 1 + 1 = 5 tokens of ½ 0.25² = 0.03125: (11·0.28125 + 5·0.03125) / 16 = 0.203125.
+  # dℓ/db = mean(V - R) = (11·(-0.75) + 5·0.25) / 16 = -0.4375, so SGD(lr 1) on the head
+  # moves the bias to 0.25 + 0.4375 = 0.6875. Explained variance: R - V is R shifted, so 0.
+  head = {'kernel': jnp.zeros((CFG.hidden_size, 1)), 'bias': jnp.full((1,), 0.25)}
+  batch, values = _critic_batch(state.params, head)
+  mask = batch.loss_mask_NxL
+  np.testing.assert_allclose(values[mask], 0.25)
+  reward_N = jnp.array([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0])
+  np.testing.assert_allclose(batch.advantages_NxL, jnp.where(mask, reward_N[:, None] - 0.25, 0.0),
+                             rtol=1e-6)
+  np.testing.assert_allclose(batch.returns_NxL, jnp.where(mask, reward_N[:, None], 0.0),
+                             rtol=1e-6)
+  objective = update.Objective(policy_loss='ppo_clip', group_size=G, value_coef=1.0,
+                               value_clip=0.5)
+  sgd, value_sgd = optax.sgd(0.0), optax.sgd(1.0)
+  start = update.init_state(state.params, sgd, value_params=head, value_optimizer=value_sgd)
+  step = lambda s, b: update.train_step(s, b, cfg=CFG, objective=objective, optimizer=sgd,
+                                        value_optimizer=value_sgd)
+  new, metrics = (jax.jit(step) if jit else step)(start, batch)
+  np.testing.assert_allclose(metrics['value/loss'], 0.203125, rtol=1e-6)
+  np.testing.assert_allclose(metrics['loss'], metrics['policy_loss'] + 0.203125, rtol=1e-6)
+  np.testing.assert_allclose(metrics['value/clip_frac'], 0.0)
+  np.testing.assert_allclose(metrics['value/explained_var'], 0.0, atol=1e-6)
+  np.testing.assert_allclose(new.value_params['bias'], [0.6875], rtol=1e-6)
+  assert np.abs(np.asarray(new.value_params['kernel'])).max() > 0
+  # The policy's lr is 0 here: only the head moved.
+  chex.assert_trees_all_equal(new.params, state.params)
+
+
+def test_critic_update_does_not_depend_on_the_micro_batch_split(state):
+  head = {'kernel': 0.1 * jax.random.normal(jax.random.key(5), (CFG.hidden_size, 1)),
+          'bias': jnp.zeros((1,))}
+  batch, _ = _critic_batch(state.params, head)
+  objective = update.Objective(policy_loss='ppo_clip', group_size=G, value_coef=0.5)
+  sgd = optax.sgd(0.1)
+  start = update.init_state(state.params, sgd, value_params=head, value_optimizer=sgd)
+  out = [jax.jit(lambda s, b, m=m: update.train_step(
+      s, b, cfg=CFG, objective=objective, optimizer=sgd, micro_batches=m,
+      value_optimizer=sgd))(start, batch) for m in (1, 2)]
+  np.testing.assert_allclose(out[1][1]['value/loss'], out[0][1]['value/loss'], rtol=1e-5)
+  chex.assert_trees_all_close(out[1][0].value_params, out[0][0].value_params, atol=1e-7,
+                              rtol=1e-6)
+  chex.assert_trees_all_close(out[1][0].params, out[0][0].params, atol=1e-7, rtol=1e-6)

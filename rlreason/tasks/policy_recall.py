@@ -22,8 +22,14 @@ catalogue = P_all for the hallucination penalty) of rlreason.verifiers' `policy_
 checker. With include_catalogue=True the prompt lists every policy first (the in-context
 baseline).
 
+Behaviour mode (`behaviour_mode`, IFPO's input, algorithms.md §13): 1 when a completion
+consulted the rules, i.e. recites at least one as a line 'POL-k: rule text' as the reference
+solutions do, 0 when it answered with ids alone.
+
 Not here: the reward (verifiers/), tool use, any multi-turn dialogue.
 """
+
+import re
 
 from rlreason.tasks import example as example_lib
 
@@ -134,3 +140,12 @@ def generate(seed: int, index: int, *, difficulty: int = DEFAULT_DIFFICULTY,
 def problem_key(example: example_lib.Example) -> str:
   # The stated facts are the problem; the catalogue is fixed and the wording follows from them.
   return repr(sorted(example.meta['facts'].items()))
+
+
+_RECITED_RULE = re.compile(r'(?m)^[ \t]*POL-\d+[ \t]*:')
+NUM_MODES = 2  # 0 = answered with ids alone, 1 = consulted (recited) the rules.
+
+
+def behaviour_mode(completion: str) -> int:
+  """1 if some line of the completion recites a rule ('POL-8: If furniture ...'), else 0."""
+  return int(_RECITED_RULE.search(completion) is not None)

@@ -1,32 +1,41 @@
-"""Times one training step of rlreason.model against transformers + torch on CPU.
+"""Times rlreason's RL train step (update.train_step) against transformers + torch on CPU.
 
-A step is forward, backward and an AdamW update, with the mean next-token
-cross-entropy over every position as the loss. Both frameworks start from the
-same weights (torch's Qwen2ForCausalLM, copied into our params layout); their
-first losses and gradients are checked to agree before anything is timed.
+A step is one GRPO-style update on N rows of P prompt + L completion tokens: the PPO-clip
+surrogate (eps 0.2, old log-probs from update.logprobs_step at the initial weights, GRPO
+advantages of random 0/1 rewards in groups of 4), token-mean aggregation, global-norm
+clipping at 1, AdamW, and the non-finite guard. rlreason runs `update.train_step` jitted as
+run_setup.build does (state donated), with the optimizer of run_setup.make_optimizer and a
+TrainBatch laid out as rl_batch.make_train_batch does. torch runs Qwen2ForCausalLM (the same
+weights, copied into our params layout) with the same loss written out as TRL does it
+(logits of the completion positions only), clip_grad_norm_ and torch.optim.AdamW, stepping
+only when the gradient norm is finite. Completion lengths vary from L/2 to L; the tokens
+after a row's end are padding (mask 0) in both. The first losses and gradients are checked to
+agree before anything is timed.
 
-  python -m experiments.bench.forward --configs small,mid --steps 5 --warmup 2
+  python -m experiments.bench.forward --configs small,mid --steps 5 --warmup 2 [--threads N]
 
-Model FLOPs per step, counted analytically:
+`--threads N` (default: os.cpu_count()) confines the process to N cores before JAX creates
+its backend (XLA sizes its CPU thread pool from the cores it may run on, and cannot use
+more) and gives torch N threads, so both frameworks get the same cores.
 
-  matmul = 6 * tokens * (L * (D*H*Dh + 2*D*K*Dh + H*Dh*D + 3*D*F) + D*V)
-  attn   = 6 * 2 * B * T^2 * H * Dh * L
+Model FLOPs per step, counted analytically (N rows, T = P + L):
 
-The 6 is 2 (multiply-add) * 3 (forward, then two backward matmuls). Attention is
-QK^T and PV at 2*B*T^2*H*Dh each in the forward; causal masking is NOT halved
-(both frameworks compute the full TxT scores). Norms, RoPE, softmax, the loss and
-the optimizer are left out. MFU divides by the better of the two frameworks'
-4096^3 f32 matmul rates, measured in the same run.
+  matmul = 6 * N * (T * layers * (D*H*Dh + 2*D*K*Dh + H*Dh*D + 3*D*F) + L * D*V)
+  attn   = 6 * 2 * N * T^2 * H * Dh * layers
 
-The machine may be shared: steps of the two frameworks take turns, so load from
-other processes falls on both alike, and the load average is printed with the
-table. A busy machine slows torch's OpenMP more than XLA's thread pool, so
-compare speedups from quiet runs.
+The 6 is 2 (multiply-add) * 3 (forward, then two backward matmuls); the vocabulary
+projection runs on the L completion positions only, in both frameworks. Attention is QK^T
+and PV at 2*N*T^2*H*Dh each in the forward; causal masking is NOT halved. Norms, RoPE,
+softmax, the loss and the optimizer are left out. MFU divides by the better of the two
+frameworks' 4096^3 f32 matmul rates, measured in the same run.
+
+The machine may be shared: steps of the two frameworks take turns, so load from other
+processes falls on both alike, and the load average is printed with the table. A busy
+machine slows torch's OpenMP more than XLA's thread pool, so compare speedups from quiet runs.
 """
 
 import argparse
 import dataclasses
-import functools
 import os
 import statistics
 import sys
@@ -38,14 +47,19 @@ if __package__ in (None, ''):  # Run as a script: make `rlreason` importable.
 import jax  # noqa: E402  (no backend exists until the first computation)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-import optax  # noqa: E402
 
+from rlreason import advantages  # noqa: E402
+from rlreason import aggregation  # noqa: E402
 from rlreason import model  # noqa: E402
+from rlreason import run_setup  # noqa: E402
+from rlreason import update  # noqa: E402
+from rlreason.structs import TrainBatch  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
-  """A Qwen2-style model (qkv bias, untied embeddings) and its batch."""
+  """A Qwen2-style model (qkv bias, untied embeddings) and its batch: N=batch rows of
+  seq tokens, the last `completion` of them the sampled part."""
   name: str
   vocab: int
   hidden: int
@@ -55,6 +69,7 @@ class BenchConfig:
   kv_heads: int
   batch: int
   seq: int
+  completion: int
 
   @property
   def head_dim(self) -> int:
@@ -72,19 +87,35 @@ class BenchConfig:
     """Model FLOPs of one training step (see the module docstring)."""
     d, f, h, k, dh = self.hidden, self.mlp, self.heads, self.kv_heads, self.head_dim
     per_layer = d * h * dh + 2 * d * k * dh + h * dh * d + 3 * d * f
-    tokens = self.batch * self.seq
-    matmul = 6 * tokens * (self.layers * per_layer + d * self.vocab)
+    matmul = 6 * self.batch * (self.seq * self.layers * per_layer +
+                               self.completion * d * self.vocab)
     attn = 6 * 2 * self.batch * self.seq**2 * h * dh * self.layers
     return float(matmul + attn)
 
 
 CONFIGS = {
     'small': BenchConfig('small', vocab=2048, hidden=256, mlp=768, layers=4, heads=4,
-                         kv_heads=2, batch=16, seq=256),
+                         kv_heads=2, batch=16, seq=256, completion=128),
     'mid': BenchConfig('mid', vocab=8192, hidden=512, mlp=1536, layers=8, heads=8,
-                       kv_heads=4, batch=8, seq=512),
+                       kv_heads=4, batch=8, seq=512, completion=256),
 }
-LR, BETAS, EPS, WEIGHT_DECAY = 1e-4, (0.9, 0.999), 1e-8, 0.01
+LR, BETAS, EPS, WEIGHT_DECAY = 1e-4, (0.9, 0.999), 1e-8, 0.01  # EPS: optax.adamw's default.
+GROUP, CLIP_EPS, GRAD_CLIP = 4, 0.2, 1.0
+
+
+def limit_threads(n: int) -> None:
+  """Confines this process to its first n allowed cores, before JAX or torch start threads.
+
+  XLA sizes its CPU thread pool from the cores the process may run on when the backend is
+  created, and OpenMP (torch) when it is loaded; the affinity also caps whatever threads
+  either starts. XLA_FLAGS has no thread count for the CPU client (--xla_cpu_multi_thread_eigen
+  is all cores or one; --intra_op_parallelism_threads is an "Unknown flag" to XLA), hence the
+  affinity, as `taskset` would set it.
+  """
+  cores = sorted(os.sched_getaffinity(0))
+  if not 1 <= n <= len(cores):
+    raise ValueError(f'--threads={n}: this process may use {len(cores)} cores {cores}.')
+  os.sched_setaffinity(0, cores[:n])
 
 
 # ----------------------------------------------------------------------------- timing
@@ -190,118 +221,90 @@ def build_torch_model(bc: BenchConfig, attn_impl: str, seed: int = 0):
   return net
 
 
+# ----------------------------------------------------------------------------- batch
+
+
+def make_batch(bc: BenchConfig, seed: int = 1) -> dict[str, np.ndarray]:
+  """Random tokens, completion lengths in [L/2, L] (right padding), 0/1 rewards per row."""
+  rng = np.random.default_rng(seed)
+  n, t, l = bc.batch, bc.seq, bc.completion
+  lengths_N = rng.integers(l // 2, l + 1, n)
+  loss_mask_NxL = np.arange(l) < lengths_N[:, None]
+  mask_NxT = np.concatenate([np.ones((n, t - l), bool), loss_mask_NxL], axis=1)
+  tokens_NxT = np.where(mask_NxT, rng.integers(0, bc.vocab, (n, t)), 0)
+  rewards_BxG = rng.integers(0, 2, (n // GROUP, GROUP)).astype(np.float32)
+  return dict(tokens_NxT=tokens_NxT, mask_NxT=mask_NxT, loss_mask_NxL=loss_mask_NxL,
+              rewards_BxG=rewards_BxG)
+
+
 # ----------------------------------------------------------------------------- jax step
 
 
-def _shifted_labels(tokens_NxT):
-  """Labels for every position (token t+1) and weights that drop the last one."""
-  n, t = tokens_NxT.shape
-  labels_NxT = jnp.roll(tokens_NxT, -1, axis=1)
-  weights_NxT = jnp.broadcast_to(jnp.arange(t) < t - 1, (n, t)).astype(jnp.float32)
-  return labels_NxT, weights_NxT
+def make_jax_step(bc: BenchConfig, params, arrays, cfg: model.ModelConfig):
+  """(train_step jitted as run_setup.build does it, its state, the TrainBatch, objective)."""
+  optimizer = run_setup.make_optimizer(lr=LR, warmup_steps=0, b1=BETAS[0], b2=BETAS[1],
+                                       weight_decay=WEIGHT_DECAY, grad_clip=GRAD_CLIP)
+  objective = update.Objective(policy_loss='ppo_clip',
+                               loss_kwargs=(('eps_high', CLIP_EPS), ('eps_low', CLIP_EPS)),
+                               aggregation='token_mean', group_size=GROUP)
+  tokens_NxT = jnp.asarray(arrays['tokens_NxT'], jnp.int32)
+  mask_NxT = jnp.asarray(arrays['mask_NxT'])
+  loss_mask_NxL = jnp.asarray(arrays['loss_mask_NxL'])
+  # As rl_batch.make_train_batch and advantages_for: old log-probs from the policy that
+  # sampled (here the initial weights), the group's advantage on each completion token.
+  old_NxL = jax.jit(update.logprobs_step, static_argnames=('cfg', 'completion_len'))(
+      params, tokens_NxT, mask_NxT, cfg=cfg, completion_len=bc.completion).logprobs_NxT
+  adv_BxG = advantages.grpo(jnp.asarray(arrays['rewards_BxG']))
+  batch = TrainBatch(
+      tokens_NxT=tokens_NxT, mask_NxT=mask_NxT, loss_mask_NxL=loss_mask_NxL,
+      advantages_NxL=adv_BxG.reshape(-1)[:, None] * loss_mask_NxL, old_logprobs_NxL=old_NxL,
+      ref_logprobs_NxL=old_NxL, behaviour_logprobs_NxL=old_NxL,
+      prefix_mask_NxL=jnp.zeros_like(loss_mask_NxL))
+  state = jax.jit(lambda p: update.init_state(p, optimizer))(params)
+  step = jax.jit(lambda s, b: update.train_step(s, b, cfg=cfg, objective=objective,
+                                                optimizer=optimizer), donate_argnums=0)
+  return step, state, batch, objective
 
 
-def loss_from_logits(logits_NxTxV, tokens_NxT):
-  """Mean next-token cross-entropy from full fp32 logits.
-
-  Runs over all T positions with the last one weighted 0, so neither the forward
-  (a [N, T-1, V] slice) nor the backward (a pad) copies the logits, and the
-  label's logit is picked by a compare-and-sum that fuses, not a gather whose
-  gradient is a scatter.
-  """
-  labels_NxT, weights_NxT = _shifted_labels(tokens_NxT)
-  lse_NxT = jax.nn.logsumexp(logits_NxTxV, axis=-1)
-  onehot = labels_NxT[..., None] == jnp.arange(logits_NxTxV.shape[-1])
-  picked_NxT = jnp.sum(jnp.where(onehot, logits_NxTxV, 0.0), axis=-1)
-  return jnp.sum((lse_NxT - picked_NxT) * weights_NxT) / jnp.sum(weights_NxT)
-
-
-@jax.custom_vjp
-def _lm_head_xent(h_MxD, w_DxV, labels_M, weights_M):
-  """sum_i weights_i * CE(h_i @ w, labels_i), logits in fp32."""
-  return _lm_head_xent_fwd(h_MxD, w_DxV, labels_M, weights_M)[0]
-
-
-def _lm_head_xent_fwd(h_MxD, w_DxV, labels_M, weights_M):
-  logits_MxV = jnp.dot(h_MxD, w_DxV, preferred_element_type=jnp.float32)
-  lse_M = jax.nn.logsumexp(logits_MxV, axis=-1)
-  onehot_MxV = labels_M[:, None] == jnp.arange(w_DxV.shape[1])
-  picked_M = jnp.sum(jnp.where(onehot_MxV, logits_MxV, 0.0), axis=-1)
-  # d loss / d logits, made here in the same pass over the logits; the logits die.
-  dlogits_MxV = (jnp.exp(logits_MxV - lse_M[:, None]) - onehot_MxV) * weights_M[:, None]
-  return jnp.sum((lse_M - picked_M) * weights_M), (h_MxD, w_DxV, dlogits_MxV)
-
-
-def _lm_head_xent_bwd(res, g):
-  h_MxD, w_DxV, dlogits_MxV = res
-  cdt = h_MxD.dtype  # The matmuls run in the compute dtype and accumulate in fp32.
-  dlogits_MxV = (dlogits_MxV * g).astype(cdt)
-  dh_MxD = jnp.dot(dlogits_MxV, w_DxV.T, preferred_element_type=jnp.float32).astype(cdt)
-  # h^T @ dlogits with the activation on the left: XLA then transposes the narrow
-  # [M, D] operand, not the [M, V] one (jax's own rule would compute dw^T).
-  dw_DxV = jax.lax.dot_general(h_MxD, dlogits_MxV, (((0,), (0,)), ((), ())),
-                               preferred_element_type=jnp.float32)
-  return dh_MxD, dw_DxV.astype(w_DxV.dtype), None, None
-
-
-_lm_head_xent.defvjp(_lm_head_xent_fwd, _lm_head_xent_bwd)
-
-
-def fused_loss(params, tokens_NxT, cfg: model.ModelConfig):
-  """The same loss, with the lm_head matmul and cross-entropy fused by hand.
-
-  Takes the final hidden states from model.apply(return_hidden=True) and hands
-  back d loss / d logits from the forward pass: the fp32 logits never outlive
-  the loss, and no slice, pad or scatter of a [N, T, V] array happens.
-  """
-  h_NxTxD, _ = model.apply(params, tokens_NxT, cfg=cfg, return_hidden=True)
-  n, t, d = h_NxTxD.shape
-  labels_NxT, weights_NxT = _shifted_labels(tokens_NxT)
-  w_DxV = params['embed'].T if cfg.tie_embeddings else params['lm_head']
-  total = _lm_head_xent(h_NxTxD.reshape(n * t, d), w_DxV.astype(cfg.compute_dtype),
-                        labels_NxT.reshape(-1), weights_NxT.reshape(-1))
-  return total / jnp.sum(weights_NxT)
-
-
-def logits_loss(params, tokens_NxT, cfg: model.ModelConfig):
-  logits_NxTxV, _ = model.apply(params, tokens_NxT, cfg=cfg)
-  return loss_from_logits(logits_NxTxV, tokens_NxT)
-
-
-LOSSES = {'fused': fused_loss, 'logits': logits_loss}
-
-
-def make_jax_step(cfg: model.ModelConfig, optimizer, loss: str = 'fused'):
-  """A jitted pure train step (params and optimizer state donated), and the loss."""
-  loss_fn = functools.partial(LOSSES[loss], cfg=cfg)
-
-  @functools.partial(jax.jit, donate_argnums=(0, 1))
-  def step(params, opt_state, tokens_NxT):
-    loss, grads = jax.value_and_grad(loss_fn)(params, tokens_NxT)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  return step, jax.jit(jax.value_and_grad(loss_fn))
+def jax_loss_and_grad(params, batch: TrainBatch, objective, cfg: model.ModelConfig):
+  """train_step's loss and (unclipped) gradient: update.loss_fn over the whole batch."""
+  denominator = aggregation.denominators(batch.loss_mask_NxL, mode=objective.aggregation)
+  fn = lambda p: update.loss_fn(p, batch, denominator, cfg=cfg, objective=objective)[0]
+  return jax.jit(jax.value_and_grad(fn))(params)
 
 
 # ----------------------------------------------------------------------------- torch step
 
 
-def make_torch_step(net, optimizer, dtype: str = 'float32'):
+def make_torch_step(net, optimizer, arrays, old_logprobs_NxL, advantages_NxL, bc: BenchConfig,
+                    dtype: str = 'float32'):
+  """The same objective in torch, as TRL's GRPO trainer writes it: (step, loss_fn)."""
   import torch  # pylint: disable=g-import-not-at-top
-  import torch.nn.functional as F  # pylint: disable=g-import-not-at-top
+  l = bc.completion
+  tokens = torch.from_numpy(arrays['tokens_NxT'].astype(np.int64))
+  attention_mask = torch.from_numpy(arrays['mask_NxT'].astype(np.int64))
+  mask = torch.from_numpy(arrays['loss_mask_NxL'].astype(np.float32))
+  old = torch.from_numpy(np.array(old_logprobs_NxL, np.float32))  # A writable copy.
+  adv = torch.from_numpy(np.array(advantages_NxL, np.float32))
+  targets = tokens[:, -l:]
 
-  def loss_fn(tokens):
+  def loss_fn():
     with torch.autocast('cpu', dtype=torch.bfloat16, enabled=dtype == 'bfloat16'):
-      logits = net(input_ids=tokens).logits
-    v = logits.shape[-1]
-    return F.cross_entropy(logits[:, :-1].reshape(-1, v).float(), tokens[:, 1:].reshape(-1))
+      # Positions P-1 .. T-2 predict the completion tokens P .. T-1.
+      logits = net(input_ids=tokens, attention_mask=attention_mask,
+                   logits_to_keep=l + 1).logits[:, :-1]
+    logp = torch.log_softmax(logits.float(), -1).gather(-1, targets[..., None]).squeeze(-1)
+    ratio = torch.exp(torch.clamp(logp - old, -20.0, 20.0))
+    surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - CLIP_EPS, 1 + CLIP_EPS) * adv)
+    return -(surrogate * mask).sum() / mask.sum()
 
-  def step(tokens):
+  def step():
     optimizer.zero_grad(set_to_none=True)
-    loss = loss_fn(tokens)
+    loss = loss_fn()
     loss.backward()
-    optimizer.step()
+    norm = torch.nn.utils.clip_grad_norm_(net.parameters(), GRAD_CLIP)
+    if torch.isfinite(loss) and torch.isfinite(norm):  # train_step's non-finite guard.
+      optimizer.step()
     return loss.detach()
 
   return step, loss_fn
@@ -328,23 +331,20 @@ def _max_rel_diff(a, b) -> tuple[float, str]:
 def bench_config(bc: BenchConfig, args) -> list[Result]:
   import torch  # pylint: disable=g-import-not-at-top
   cfg = bc.model_config(args.dtype)
-  tokens = np.random.default_rng(1).integers(0, bc.vocab, (bc.batch, bc.seq), dtype=np.int64)
+  arrays = make_batch(bc)
   net = build_torch_model(bc, args.torch_attn)
   params = params_from_torch(net.state_dict(), cfg)
-  tokens_jax = jnp.asarray(tokens, jnp.int32)
-  tokens_torch = torch.from_numpy(tokens)
-
-  optimizer = optax.adamw(LR, b1=BETAS[0], b2=BETAS[1], eps=EPS, weight_decay=WEIGHT_DECAY)
-  jax_step, jax_loss_and_grad = make_jax_step(cfg, optimizer, args.loss)
+  jax_step, state, batch, objective = make_jax_step(bc, params, arrays, cfg)
   impl = {'fused': {'fused': True}, 'foreach': {'foreach': True}, 'loop': {'foreach': False}}
   torch_opt = torch.optim.AdamW(net.parameters(), lr=LR, betas=BETAS, eps=EPS,
                                 weight_decay=WEIGHT_DECAY, **impl[args.torch_adamw])
-  torch_step, torch_loss = make_torch_step(net, torch_opt, args.dtype)
+  torch_step, torch_loss = make_torch_step(net, torch_opt, arrays, batch.old_logprobs_NxL,
+                                           batch.advantages_NxL, bc, args.dtype)
 
-  # Same weights, same tokens: losses and gradients must agree before timing.
-  l_jax, g_jax = jax_loss_and_grad(params, tokens_jax)
+  # Same weights, same batch: losses and gradients must agree before timing.
+  l_jax, g_jax = jax_loss_and_grad(params, batch, objective, cfg)
   net.zero_grad(set_to_none=True)
-  l_torch = torch_loss(tokens_torch)
+  l_torch = torch_loss()
   l_torch.backward()
   g_torch = params_from_torch({k: p.grad for k, p in net.named_parameters()}, cfg)
   net.zero_grad(set_to_none=True)
@@ -357,22 +357,25 @@ def bench_config(bc: BenchConfig, args) -> list[Result]:
   if abs(l_jax - l_torch) > loss_tol or g_diff > grad_tol:
     raise SystemExit(f'[{bc.name}] jax and torch disagree (loss tol {loss_tol}, grad tol '
                      f'{grad_tol}): not the same computation')
-  del g_jax, g_torch
+  del g_jax, g_torch, params
 
-  state = {'params': params, 'opt': optimizer.init(params)}
+  box = {'state': state}
   t0 = time.perf_counter()
-  compiled = jax_step.lower(state['params'], state['opt'], tokens_jax).compile()
+  compiled = jax_step.lower(state, batch).compile()
   print(f'[{bc.name}] jax compile {time.perf_counter() - t0:.1f}s', flush=True)
 
   def run_jax():
-    state['params'], state['opt'], loss = compiled(state['params'], state['opt'], tokens_jax)
-    jax.block_until_ready((state['params'], state['opt'], loss))
+    box['state'], metrics = compiled(box['state'], batch)
+    jax.block_until_ready((box['state'], metrics))
 
   runners = {'jax': run_jax}
   if not args.skip_torch:
-    runners['torch'] = lambda: torch_step(tokens_torch)
+    runners['torch'] = torch_step
   times = _time_interleaved(runners, args.warmup, args.steps)
-  notes = {'jax': f'{args.dtype} loss={args.loss}',
+  skipped = int(box['state'].skipped)
+  if skipped:
+    raise SystemExit(f'[{bc.name}] train_step skipped {skipped} non-finite updates')
+  notes = {'jax': f'{args.dtype} update.train_step',
            'torch': f'{args.dtype} {args.torch_attn} adamw={args.torch_adamw}'}
   results = []
   for fw, t in times.items():
@@ -381,10 +384,11 @@ def bench_config(bc: BenchConfig, args) -> list[Result]:
   return results
 
 
-def print_table(results: list[Result], peaks: dict[str, float]):
+def print_table(results: list[Result], peaks: dict[str, float], threads: int):
   peak = max(peaks.values())
   print(f'\nmatmul peak 4096^3 f32: jax {peaks["jax"]:.1f} GFLOP/s, '
-        f'torch {peaks["torch"]:.1f} GFLOP/s (MFU vs {peak:.1f}); '
+        f'torch {peaks["torch"]:.1f} GFLOP/s (MFU vs {peak:.1f}); threads {threads} '
+        f'(cores {sorted(os.sched_getaffinity(0))} of {os.cpu_count()}); '
         f'load average {" ".join(f"{x:.2f}" for x in os.getloadavg())}')
   header = (f'{"config":<7} {"framework":<9} {"step_s":>8} {"tokens/s":>9} '
             f'{"GFLOP/s":>8} {"MFU":>6}  note')
@@ -403,28 +407,29 @@ def main(argv=None):
   parser.add_argument('--warmup', type=int, default=2, help='untimed steps first')
   parser.add_argument('--dtype', default='float32', choices=('float32', 'bfloat16'),
                       help='compute dtype (params stay fp32); torch uses autocast for bf16')
-  parser.add_argument('--loss', default='fused', choices=tuple(LOSSES),
-                      help='jax loss: fused lm_head+CE, or CE over materialised logits')
   parser.add_argument('--torch_attn', default='sdpa', choices=('sdpa', 'eager'))
   parser.add_argument('--torch_adamw', default='fused', choices=('fused', 'foreach', 'loop'),
                       help="torch AdamW kernel ('loop' is torch's CPU default)")
   parser.add_argument('--xla_flags', default='', help='appended to XLA_FLAGS')
   parser.add_argument('--skip_torch', action='store_true')
   parser.add_argument('--loss_tol', type=float, default=1e-4)
+  parser.add_argument('--threads', type=int, default=os.cpu_count(),
+                      help='cores for the process: torch threads and the cores XLA may use')
   args = parser.parse_args(argv)
+  limit_threads(args.threads)  # Before torch loads OpenMP and JAX creates its backend.
 
   # XLA reads XLA_FLAGS once, when the first computation creates the backend.
   if args.xla_flags:
     os.environ['XLA_FLAGS'] = f'{os.environ.get("XLA_FLAGS", "")} {args.xla_flags}'.strip()
   import torch  # pylint: disable=g-import-not-at-top
-  torch.set_num_threads(2)
+  torch.set_num_threads(args.threads)
   print(f'jax {jax.__version__} ({jax.devices()[0].platform}), torch {torch.__version__}, '
-        f'XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r}', flush=True)
+        f'threads {args.threads}, XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r}', flush=True)
   peaks = matmul_peaks()
   results = []
   for name in args.configs.split(','):
     results += bench_config(CONFIGS[name], args)
-  print_table(results, peaks)
+  print_table(results, peaks, args.threads)
   by = {(r.config, r.framework): r.step_s for r in results}
   if ('mid', 'jax') in by and ('mid', 'torch') in by:
     print(f'train_step_speedup_vs_torch={by["mid", "torch"] / by["mid", "jax"]:.3f}')

@@ -272,7 +272,8 @@ def bench_prefill(name: str, args) -> tuple[float, float]:
 
 def print_report(decode, prefill, rates, bandwidth, args):
   load = ' '.join(f'{x:.1f}' for x in os.getloadavg())
-  print(f'\nload average {load} on {os.cpu_count()} cores; torch threads 2, '
+  print(f'\nload average {load} on {os.cpu_count()} cores; threads {args.threads} (torch '
+        f'threads, and the cores {sorted(os.sched_getaffinity(0))} XLA may use), '
         f'OMP_WAIT_POLICY={os.environ.get("OMP_WAIT_POLICY")}; '
         f'XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r}')
   print('f32 matmul GFLOP/s: ' + ', '.join(f'{k} {v:.0f}' for k, v in rates.items()))
@@ -330,14 +331,19 @@ def main(argv=None):
   parser.add_argument('--cpu_devices', type=int, default=os.cpu_count(),
                       help='sharding.split_cpu_host(N): the CPU as N single-threaded devices, '
                       'rlreason timed on one of them and data-parallel on all (1: XLA default)')
+  parser.add_argument('--threads', type=int, default=os.cpu_count(),
+                      help='cores for the process: torch threads and the cores XLA may use '
+                      '(forward.limit_threads)')
   args = parser.parse_args(argv)
+  from experiments.bench import forward  # pylint: disable=g-import-not-at-top
+  forward.limit_threads(args.threads)  # Before torch loads OpenMP and JAX creates its backend.
   if args.cpu_devices > 1:
     sharding.split_cpu_host(args.cpu_devices)
 
   # Read by OpenMP when torch first loads it, so it must be set before the first import.
   os.environ['OMP_WAIT_POLICY'] = args.torch_omp_wait
   import torch  # pylint: disable=g-import-not-at-top
-  torch.set_num_threads(2)
+  torch.set_num_threads(args.threads)
 
   names = [c for c in args.configs.split(',') if c]
   prefill_names = names if args.prefill_configs is None else [

@@ -23,6 +23,7 @@ optimizer state.
 
 import json
 import math
+import os
 import pathlib
 from typing import Any, NamedTuple
 
@@ -38,6 +39,9 @@ _FAMILY_ARCH = {family: arch for arch, family in _ARCHS.items()}
 _ROPE_TYPES = ('default', 'llama3')
 _ST_DTYPES = {'F64': np.float64, 'F32': np.float32, 'F16': np.float16, 'BF16': ml_dtypes.bfloat16}
 _ST_NAMES = {np.dtype(t): name for name, t in _ST_DTYPES.items()}
+# Bytes per element of every safetensors dtype, also those we do not load (checked anyway).
+_ST_ITEMSIZE = {'BOOL': 1, 'U8': 1, 'I8': 1, 'F8_E5M2': 1, 'F8_E4M3': 1, 'I16': 2, 'U16': 2,
+                'F16': 2, 'BF16': 2, 'I32': 4, 'U32': 4, 'F32': 4, 'I64': 8, 'U64': 8, 'F64': 8}
 _SINGLE, _INDEX = 'model.safetensors', 'model.safetensors.index.json'
 
 
@@ -67,6 +71,11 @@ def config_from_hf(hf_config: dict[str, Any], *, param_dtype: str = 'float32',
     raise CheckpointError(f'config.json: architectures={archs!r} (model_type='
                           f'{c.get("model_type")!r}) is not supported; supported: {sorted(_ARCHS)}.')
   family = _ARCHS[arch]
+  if c.get('model_type') is not None and c['model_type'] != family:
+    # transformers builds the class named by architectures; a model_type that disagrees
+    # means a hand-edited or mixed-up config, whose other fields may be for either.
+    raise CheckpointError(f'config.json: model_type={c["model_type"]!r} does not match '
+                          f'architectures={archs!r} (which means model_type={family!r}).')
   _check_unsupported(c, family)
 
   rope = c.get('rope_parameters') or c.get('rope_scaling') or {}
@@ -213,23 +222,58 @@ def _json(raw, file: pathlib.Path):
 
 def _read_header(file: pathlib.Path) -> dict[str, _Entry]:
   with open(file, 'rb') as fh:
+    file_bytes = os.fstat(fh.fileno()).st_size
     raw = fh.read(8)
     size = int.from_bytes(raw, 'little') if len(raw) == 8 else -1
-    if not 0 < size <= 100 * 2**20:
-      raise CheckpointError(f'{file}: not a safetensors file (header size {size}).')
+    if not 0 < size <= min(100 * 2**20, file_bytes - 8):
+      raise CheckpointError(f'{file}: not a safetensors file (header size {size}, '
+                            f'file size {file_bytes}).')
     header = _json(fh.read(size), file)
+  if not isinstance(header, dict):
+    raise CheckpointError(f'{file}: the header is not a JSON object.')
   start = 8 + size
-  return {name: _Entry(file, h['dtype'], tuple(h['shape']), start + h['data_offsets'][0],
-                       start + h['data_offsets'][1])
-          for name, h in header.items() if name != '__metadata__'}
+  entries = {name: _header_entry(file, name, h, start, file_bytes - start)
+             for name, h in header.items() if name != '__metadata__'}
+  _check_overlaps(file, entries)
+  return entries
+
+
+def _header_entry(file: pathlib.Path, name: str, h: Any, start: int, data_bytes: int) -> _Entry:
+  """One tensor's _Entry, once its byte range is known to lie in the data section.
+
+  Checked here, before any tensor is read, so that a truncated download fails at once
+  instead of after the tensors before the cut were placed on the devices.
+  """
+  try:
+    dtype, shape, (begin, end) = h['dtype'], tuple(h['shape']), h['data_offsets']
+  except (TypeError, KeyError, ValueError):
+    raise CheckpointError(f'{file}: tensor {name}: malformed header entry {h!r}.') from None
+  if not all(isinstance(n, int) and n >= 0 for n in (*shape, begin, end)):
+    raise CheckpointError(f'{file}: tensor {name}: malformed shape {list(shape)} or '
+                          f'data_offsets {[begin, end]}.')
+  if begin > end:
+    raise CheckpointError(f'{file}: tensor {name}: data_offsets {[begin, end]} end before '
+                          'they begin.')
+  if end > data_bytes:
+    raise CheckpointError(f'{file}: tensor {name}: data_offsets {[begin, end]} run past the end '
+                          f'of the data section ({data_bytes} bytes); is the file truncated?')
+  if dtype in _ST_ITEMSIZE and end - begin != _ST_ITEMSIZE[dtype] * math.prod(shape):
+    raise CheckpointError(f'{file}: tensor {name}: data_offsets {[begin, end]} hold '
+                          f'{end - begin} bytes, but {dtype} {list(shape)} needs '
+                          f'{_ST_ITEMSIZE[dtype] * math.prod(shape)}.')
+  return _Entry(file, dtype, shape, start + begin, start + end)
+
+
+def _check_overlaps(file: pathlib.Path, entries: dict[str, _Entry]):
+  spans = sorted((e.begin, e.end, name) for name, e in entries.items() if e.end > e.begin)
+  for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
+    if begin < end:
+      raise CheckpointError(f'{file}: tensors {first} and {second} overlap.')
 
 
 def _read_tensor(e: _Entry) -> np.ndarray:
   dtype = np.dtype(_ST_DTYPES[e.dtype])
-  out = np.empty(e.shape, dtype)
-  if e.end - e.begin != out.nbytes:
-    raise CheckpointError(f'{e.file}: byte range {e.begin}..{e.end} does not fit {e.dtype} '
-                          f'{list(e.shape)}.')
+  out = np.empty(e.shape, dtype)  # _header_entry checked that the byte range fits.
   with open(e.file, 'rb') as fh:
     fh.seek(e.begin)
     if fh.readinto(out.reshape(-1).view(np.uint8)) != out.nbytes:

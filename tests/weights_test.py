@@ -279,6 +279,8 @@ def test_missing_files_named(saved, tmp_path):
     ({'attention_bias': True}, r'attention_bias=True \(it adds an o_proj bias'),
     ({'mlp_bias': True}, 'mlp_bias=True'),
     ({'hidden_act': 'gelu'}, "hidden_act='gelu'"),
+    ({'model_type': 'qwen2'},
+     r"model_type='qwen2' does not match architectures=\['LlamaForCausalLM'\]"),
 ])
 def test_unsupported_configs(change, message, saved):
   _, _, path = saved
@@ -303,3 +305,61 @@ def test_export_rejects_what_hf_cannot_hold(tmp_path):
   with pytest.raises(ValueError, match="dtype='int8'"):
     weights.save(tmp_path, CONFIGS['qwen2'], _random_params(CONFIGS['qwen2']), dtype='int8')
 
+
+
+def _header(file):
+  raw = file.read_bytes()
+  size = int.from_bytes(raw[:8], 'little')
+  return json.loads(raw[8:8 + size]), raw[8 + size:]
+
+
+def _write_header(file, header, data):
+  raw = json.dumps(header).encode()
+  file.write_bytes(len(raw).to_bytes(8, 'little') + raw + data)
+
+
+@pytest.fixture(name='no_tensor_reads')
+def _no_tensor_reads(monkeypatch):
+  """Counts tensor reads: a bad header must fail before the first one."""
+  reads = []
+  read = weights._read_tensor
+  monkeypatch.setattr(weights, '_read_tensor', lambda e: reads.append(e) or read(e))
+  return reads
+
+
+def test_truncated_file_fails_before_any_tensor_is_read(tmp_path, no_tensor_reads):
+  torch.manual_seed(0)
+  hf_model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+      vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False))
+  hf_model.save_pretrained(tmp_path, safe_serialization=True)
+  file = tmp_path / 'model.safetensors'
+  header, data = _header(file)
+  last = max((n for n in header if n != '__metadata__'), key=lambda n: header[n]['data_offsets'])
+  file.write_bytes(file.read_bytes()[:-1])  # A download cut one byte short.
+  with pytest.raises(weights.CheckpointError, match=re.escape(
+      f'{file}: tensor {last}: data_offsets {header[last]["data_offsets"]} run past the end of '
+      f'the data section ({len(data) - 1} bytes)')):
+    weights.load(tmp_path)
+  assert not no_tensor_reads
+
+
+@pytest.mark.parametrize('edit, message', [
+    (lambda h: h['model.norm.weight'].update(shape=[33]),
+     r'hold 128 bytes, but F32 \[33\] needs 132'),
+    (lambda h: h['model.norm.weight']['data_offsets'].__setitem__(0, 10**12),
+     'end before they begin'),
+    (lambda h: h['model.norm.weight'].update(data_offsets=h['model.embed_tokens.weight'][
+        'data_offsets'], shape=h['model.embed_tokens.weight']['shape']), 'overlap'),
+    (lambda h: h['model.norm.weight'].pop('dtype'), 'malformed header entry'),
+], ids=['size', 'reversed', 'overlap', 'malformed'])
+def test_inconsistent_header_names_file_and_tensor(saved, edit, message, no_tensor_reads):
+  _, _, path = saved
+  file = path / 'model.safetensors'
+  header, data = _header(file)
+  edit(header)
+  _write_header(file, header, data)
+  with pytest.raises(weights.CheckpointError,
+                     match=f'{re.escape(str(file))}: tensors? .*({message})'):
+    weights.load(path)
+  assert not no_tensor_reads

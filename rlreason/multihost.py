@@ -21,6 +21,7 @@ multi-host saves itself), anything that decides what to train.
 """
 
 from collections.abc import Sequence
+import importlib
 import logging
 import os
 import sys
@@ -43,14 +44,26 @@ def is_multiprocess() -> bool:
 
 def on_cloud_tpu_vm() -> bool:
   """True on a Cloud TPU VM, where JAX detects the other workers itself (no flags needed)."""
-  hosts = os.environ.get('TPU_WORKER_HOSTNAMES', '')
-  if ',' in hosts:
+  if ',' in os.environ.get('TPU_WORKER_HOSTNAMES', ''):
     return True
+  # Set by `import jax` when libtpu is installed and TPU chips are on the PCI bus. Public
+  # alternatives start a backend (jax.devices()), which must wait until after initialize.
+  return bool(_jax_private('cloud_tpu_init', 'running_in_cloud_tpu_vm', False))
+
+
+def _jax_private(module: str, name: str, default):
+  """`jax._src.<module>.<name>`, or `default` where a JAX release moved it.
+
+  The only place this package reads JAX internals; JAX 0.10 has no public API for either
+  thing read: whether `import jax` found a Cloud TPU VM, and the coordination-service
+  client (jax.distributed offers initialize, is_initialized and shutdown only; its key-value
+  store and named barriers with a timeout have no public handle, and
+  multihost_utils.sync_global_devices is a device collective that a lost peer blocks forever).
+  """
   try:
-    from jax._src.cloud_tpu_init import running_in_cloud_tpu_vm  # No public equivalent.
-  except ImportError:
-    return False
-  return bool(running_in_cloud_tpu_vm)
+    return getattr(importlib.import_module(f'jax._src.{module}'), name)
+  except (ImportError, AttributeError):
+    return default
 
 
 def initialize(*, coordinator_address: str | None = None, num_processes: int | None = None,
@@ -203,10 +216,14 @@ def sample_mesh(train_mesh: jax.sharding.Mesh, *, kind: str, tensor: int = -1):
 
 
 def _client():
-  from jax._src import distributed  # The coordination service client has no public handle.
-  client = distributed.global_state.client
-  if client is None:
+  """The coordination service's client: key-value store and barriers (see _jax_private)."""
+  if not jax.distributed.is_initialized():
     raise RuntimeError('multihost: jax.distributed is not initialized (call initialize).')
+  client = getattr(_jax_private('distributed', 'global_state', None), 'client', None)
+  if client is None:
+    raise RuntimeError('multihost: this JAX version moved the coordination service client '
+                       '(jax._src.distributed.global_state.client); barriers and the watchdog '
+                       'need it.')
   return client
 
 

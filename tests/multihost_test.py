@@ -183,3 +183,21 @@ def test_row_blocks_and_layout_errors_on_one_host():
       jax.make_mesh((8,), ('d',)), jax.P('d')))
   np.testing.assert_array_equal(multihost.local_rows(x), np.arange(8))
   np.testing.assert_array_equal(multihost.gather_rows(np.arange(3)), np.arange(3))
+
+
+def test_jax_internals_are_read_in_one_place_and_still_exist(monkeypatch):
+  source = pathlib.Path(multihost.__file__).read_text()
+  assert 'from jax._src' not in source and 'import jax._src' not in source
+  assert source.count('import_module(') == 1  # in _jax_private.
+  # A JAX upgrade that moves them fails here, not silently on a TPU VM or in the watchdog.
+  assert isinstance(multihost._jax_private('cloud_tpu_init', 'running_in_cloud_tpu_vm', None),
+                    bool)
+  assert hasattr(multihost._jax_private('distributed', 'global_state', None), 'client')
+  assert multihost._jax_private('distributed', 'no_such_name', 'default') == 'default'
+  assert multihost._jax_private('no_such_module', 'x', 'default') == 'default'
+  # Single process, jax.distributed not initialized (the public check).
+  assert not jax.distributed.is_initialized()
+  with pytest.raises(RuntimeError, match='not initialized'):
+    multihost._client()
+  monkeypatch.setenv('TPU_WORKER_HOSTNAMES', 'host-a,host-b')
+  assert multihost.on_cloud_tpu_vm()

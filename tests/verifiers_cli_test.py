@@ -33,16 +33,17 @@ def test_scores_a_file_and_reports_bad_lines(tmp_path):
   result = cli('score', '--verifier', 'math', '--input', str(src), '--output', str(out),
                '--workers', '1', '--default-reward', '-1')
   assert result.returncode == 0, result.stderr
-  for number in (3, 5, 6):
+  for number in (3, 4, 5, 6):
     assert f'in.jsonl:{number}: bad line' in result.stderr
-  assert 'scored 8 lines (3 bad)' in result.stderr
+  assert 'scored 9 lines (4 bad)' in result.stderr
   rows = [json.loads(line) for line in out.read_text().splitlines()]
   assert [(r['status'], r['reward']) for r in rows] == [
       ('correct', 1.0), ('wrong', 0.0), ('invalid_input', -1.0), ('invalid_input', -1.0),
-      ('invalid_input', -1.0), ('parse_failure', -1.0), ('invalid_input', -1.0),
-      ('parse_failure', -1.0)]
+      ('invalid_input', -1.0), ('invalid_input', -1.0), ('parse_failure', -1.0),
+      ('invalid_input', -1.0), ('parse_failure', -1.0)]
   assert rows[0]['id'] == 'a' and rows[0]['latency_s'] >= 0 and rows[0]['components'] == {}
-  assert [r.get('line') for r in rows[2:5]] == [3, 5, 6]
+  assert [r.get('line') for r in rows[2:6]] == [3, 4, 5, 6]
+  assert rows[3]['error'] == 'blank line'
 
 
 def test_unknown_verifier_lists_the_known_ones(tmp_path):

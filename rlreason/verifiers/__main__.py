@@ -2,11 +2,11 @@
 
 Each input line is a JSON object with the verifier's fields (completion, answer, ...).
 Each output line is that object plus reward, components, status, detail and latency_s, in
-input order. Every non-blank input line gets exactly one output line: a line that is not
-UTF-8, not a JSON object, nested too deeply to parse, or that fails anywhere on its way
-through the pool is reported on stderr with its number and written as
-{"line": n, "error": ..., "status": "invalid_input" (or "crash"), ...}; the run always
-completes. Blank lines are skipped. A status summary goes to stderr at the end.
+input order: output line n is input line n's. A line that is blank, not UTF-8, not a JSON
+object or nested too deeply to parse is reported on stderr with its number and written as
+{"line": n, "error": ..., "status": "invalid_input", ...}; one that fails later, on its way
+through the pool or back out, gets its failure verdict. The run always completes. A status
+summary goes to stderr at the end.
 
 The output is strict JSON: non-finite floats (NaN, Infinity, which Python's json reads and
 would write back) become null, wherever they are (reward, components, passed-through
@@ -39,6 +39,8 @@ class _UsageError(Exception):
 
 
 def _parse(raw: bytes) -> dict:
+  if not raw.strip():
+    raise ValueError('blank line')
   try:
     obj = json.loads(raw.decode('utf-8'))
   except RecursionError:
@@ -129,8 +131,6 @@ def score(args: argparse.Namespace) -> int:
 
       lines = []
       for number, raw in enumerate(fin, start=1):
-        if not raw.strip():
-          continue
         try:
           lines.append((number, _parse(raw), None))
         except (UnicodeDecodeError, ValueError) as e:

@@ -10,16 +10,15 @@ adversarial inputs (runs of its own markers, of spaces, digits, newlines, backti
 not a benchmark. A call still running after 2 s of CPU is interrupted (SIGVTALRM; Python's
 regex engine checks for signals) and fails the test instead of hanging it.
 
-The audit list is explicit: test_audit_list_is_complete fails on a module-level pattern, or
-a new `re.` call, in these modules that the list does not cover. Not audited: patterns
+The audit list is explicit: test_audit_list_is_complete fails on a new `re.` call anywhere
+in rlreason/, or a module-level pattern in the files that make them, that it does not cover. Not audited: patterns
 that come with the data (the `regex` and `format` verifiers' `answer` / `pattern`,
 policy_recall's `id_pattern`); a pathological one is the pool's item timeout's problem.
 """
 
 import importlib
-import inspect
 import itertools
-import pkgutil
+import pathlib
 import re
 import signal
 import time
@@ -29,6 +28,8 @@ import pytest
 from rlreason import judge
 from rlreason import tokenizer
 from rlreason import verifiers
+from rlreason.tasks import arithmetic as arithmetic_task
+from rlreason.tasks import policy_recall as policy_task
 from rlreason.verifiers import answer_extraction as ae
 from rlreason.verifiers import math_answer
 from rlreason.verifiers import policy_recall
@@ -91,6 +92,9 @@ PATTERNS = {
     'tokenizer._specials_regex': (
         lambda t: list(tokenizer._specials_regex(SPECIALS).finditer(t)), ('<|im_sta', '<|', '<s')),
     'python_tests.extract_code': (python_tests.extract_code, FENCES),
+    'tasks.arithmetic._COLUMN': (_fn(arithmetic_task._COLUMN, 'fullmatch'), ('1,', '1,1', ',')),
+    'tasks.policy_recall._RECITED_RULE': (_fn(policy_task._RECITED_RULE, 'search'),
+                                          ('POL-', 'POL-1', ' POL-1 ', '\n ', '\nPOL-1 ')),
 }
 
 
@@ -126,6 +130,10 @@ PUBLIC = {
                                   ('step', 'step 1', '**step 1', '\n')),
     'judge.split_steps:paragraphs': (lambda t: judge.split_steps(t, split='paragraphs'),
                                      ('\n', '\n ')),
+    'tasks.arithmetic:verify_carry_chain': (
+        _item('rlreason.tasks.arithmetic:verify_carry_chain', answer='12', operands=[5, 7]),
+        ('1,0 ', '1,', ',1')),
+    'tasks.policy_recall.behaviour_mode': (policy_task.behaviour_mode, ('POL-1', '\n POL-1 ')),
 }
 
 
@@ -172,24 +180,27 @@ def test_linear_time_on_adversarial_input(name):
     assert seconds < LIMIT_S, f'{name} took {seconds:.2f}s+ CPU on {text[:60]!r}...'
 
 
-# Where the modules apply regexes: `re.<function>(` calls, counted in their source. A new
-# call must be audited above, then counted here.
+# Where rlreason applies regexes: `re.<function>(` calls in each file's source. A new call
+# must be audited above (if model output can reach it), then counted here.
 SCANNED = {
-    'rlreason.verifiers.answer_extraction': 3, 'rlreason.verifiers.math_answer': 1,
-    'rlreason.verifiers.synthetic_tasks': 6, 'rlreason.verifiers.prolog': 5,
-    'rlreason.verifiers.policy_recall': 2,  # the item's id_pattern; a split of a gold field.
-    'rlreason.verifiers.text_answer': 2,  # the item's pattern, compiled or full-matched.
-    'rlreason.verifiers.python_tests': 0, 'rlreason.judge': 2, 'rlreason.tokenizer': 1,
+    'verifiers/answer_extraction.py': 3, 'verifiers/math_answer.py': 1,
+    'verifiers/synthetic_tasks.py': 6, 'verifiers/prolog.py': 5,
+    'verifiers/policy_recall.py': 2,  # the item's id_pattern; a split of a gold field.
+    'verifiers/text_answer.py': 2,  # the item's pattern, compiled or full-matched.
+    'judge.py': 2, 'tokenizer.py': 1, 'tasks/arithmetic.py': 1, 'tasks/policy_recall.py': 1,
 }
 _CALL = re.compile(r'\bre\.(?:compile|search|match|fullmatch|findall|finditer|split|subn?)\(')
 
 
 def test_audit_list_is_complete():
-  modules = [importlib.import_module(f'rlreason.verifiers.{m.name}')
-             for m in pkgutil.iter_modules(verifiers.__path__)]
-  modules += [judge, tokenizer]
-  compiled = {f'{m.__name__.rsplit(".", 1)[-1]}.{k}' for m in modules
-              for k, v in vars(m).items() if isinstance(v, re.Pattern)}
+  root = pathlib.Path(verifiers.__file__).parents[1]
+  calls = {str(path.relative_to(root)): len(_CALL.findall(path.read_text()))
+           for path in sorted(root.rglob('*.py'))}
+  assert {k: n for k, n in calls.items() if n} == SCANNED
+  compiled = set()
+  for path in SCANNED:
+    name = path.removesuffix('.py').replace('/', '.')
+    module = importlib.import_module(f'rlreason.{name}')
+    compiled |= {f'{name.removeprefix("verifiers.")}.{k}' for k, v in vars(module).items()
+                 if isinstance(v, re.Pattern)}
   assert compiled <= set(PATTERNS), f'not audited: {sorted(compiled - set(PATTERNS))}'
-  calls = {m.__name__: len(_CALL.findall(inspect.getsource(m))) for m in modules}
-  assert {k: n for k, n in calls.items() if n or k in SCANNED} == SCANNED

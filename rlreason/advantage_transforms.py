@@ -119,7 +119,8 @@ def ifpo(advantages_BxG: Array, modes_BxG: Array, *, num_modes: int,
          per_group: bool = True) -> Array:
   """IFPO: A'_i = w_{m(i)} A_i, weights from `ifpo_weights` (ASCL, arXiv 2602.13562).
 
-  Counteracts the drift toward the behaviour mode the group samples most often.
+  Counteracts the drift toward the behaviour mode the group samples most often. In the loop
+  the modes come from the task's `behaviour_mode` (rl_batch.Scores.modes_BxG), never the rewards.
   Provenance: our formalisation (paper not available).
   """
   return ifpo_weights(modes_BxG, num_modes=num_modes, per_group=per_group) * advantages_BxG

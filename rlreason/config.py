@@ -305,9 +305,10 @@ def _check_objective(c, check) -> None:
 def _check_verifier_items(c, check) -> None:
   """A registered verifier must be able to read the synthetic task's items.
 
-  Probed once per (verifier, task) on the task's first example with its reference solution:
-  a verifier that answers invalid_input (a missing field, e.g. python_tests' `tests`) would
-  give every row the default reward. Files (jsonl/parquet) and custom verifiers are not probed.
+  Probed once per (verifier, task) on the task's first 8 examples with their reference
+  solutions: a verifier that answers invalid_input to all of them (a missing field, e.g.
+  python_tests' `tests`) would give every row the default reward. Files (jsonl/parquet) and
+  custom verifiers are not probed.
   """
   from rlreason.verifiers import registry
   if c.data.source != 'task' or c.verifier.name not in registry.VERIFIERS:
@@ -329,8 +330,14 @@ def _probe_verifier(name: str, task: str, difficulty: int, options_json: str):
   from rlreason import tasks
   from rlreason.rl_batch import verifier_item
   from rlreason.verifiers import registry
-  example = tasks.get_task(task).generate(0, 0, difficulty=difficulty, **json.loads(options_json))
-  item = verifier_item(example, example.solution, num_tokens=1, max_len=2, cache_len=1,
-                       penalty_factor=1.0)
-  verdict = registry.get_verifier(name)(item)
-  return verdict.status, verdict.detail
+  details = []
+  for index in range(8):
+    example = tasks.get_task(task).generate(0, index, difficulty=difficulty,
+                                            **json.loads(options_json))
+    item = verifier_item(example, example.solution, num_tokens=1, max_len=2, cache_len=1,
+                         penalty_factor=1.0)
+    verdict = registry.get_verifier(name)(item)
+    if verdict.status != 'invalid_input':
+      return verdict.status, verdict.detail
+    details.append(verdict.detail)
+  return 'invalid_input', details[0]

@@ -229,7 +229,8 @@ def _transform_tokens(fn, adv_NxL, second_BxG, kwargs):
   """A BxG transform applied to token-level advantages, column by column: token l of each
   response is transformed as if A_{i,l} were the response's advantage. Every registered
   transform is a per-prompt or per-response scaling of A (A-GRAE's also depends on A's sign),
-  so padding (A = 0) stays 0."""
+  so padding (A = 0) stays 0. Provenance: our formalisation (neither transform's paper uses a
+  token-level estimator)."""
   b, g = second_BxG.shape
   adv_BxGxL = adv_NxL.reshape(b, g, -1)
   out_BxGxL = jax.vmap(lambda a_BxG: fn(a_BxG, second_BxG, **kwargs), in_axes=2,

@@ -160,6 +160,9 @@ def test_gae_with_a_value_head_hand_case(state, jit):
   batch, values = _critic_batch(state.params, head)
   mask = batch.loss_mask_NxL
   np.testing.assert_allclose(values[mask], 0.25)
+  jitted = jax.jit(lambda p, h, t, m: update.values_step(p, h, t, m, cfg=CFG, completion_len=L))
+  np.testing.assert_allclose(jitted(state.params, head, batch.tokens_NxT, batch.mask_NxT),
+                             values, rtol=1e-6)
   reward_N = jnp.array([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0])
   np.testing.assert_allclose(batch.advantages_NxL, jnp.where(mask, reward_N[:, None] - 0.25, 0.0),
                              rtol=1e-6)

@@ -24,7 +24,8 @@ baseline).
 
 Behaviour mode (`behaviour_mode`, IFPO's input, algorithms.md §13): 1 when a completion
 consulted the rules, i.e. recites at least one as a line 'POL-k: rule text' as the reference
-solutions do, 0 when it answered with ids alone.
+solutions do, 0 when it answered with ids alone. Our formalisation of ASCL's consult /
+no-consult modes (the paper's are tool calls; algorithms.md §13 [I]).
 
 Not here: the reward (verifiers/), tool use, any multi-turn dialogue.
 """

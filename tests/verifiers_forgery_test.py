@@ -245,3 +245,10 @@ def test_objects_that_are_not_plain_data_cannot_cross():
   nested.append(nested)
   with pytest.raises(ValueError):
     test_probes.encode_value(nested)
+
+
+@pytest.mark.parametrize('cpu_s', [0, -1])
+def test_a_zero_or_negative_cpu_budget_is_invalid_input(cpu_s):
+  verdict = python_tests.verify_python_tests({'completion': 'def add(a, b):\n  return a + b',
+                                              'tests': ADD, 'cpu_s': cpu_s})
+  assert verdict.status == V.INVALID_INPUT and 'cpu_s' in verdict.detail

@@ -331,9 +331,7 @@ def verify_python_tests(item: Mapping[str, Any]) -> V.Verdict:
   mode = V.option(item, 'test_mode', 'isolated', str)
   if mode not in MODES:
     raise V.ItemError(V.INVALID_INPUT, f'test_mode: {mode!r}, expected one of {MODES}')
-  cpu_s = V.option(item, 'cpu_s', LIMITS.cpu_s, int)
-  if cpu_s <= 0:
-    raise V.ItemError(V.INVALID_INPUT, f'cpu_s: {cpu_s}, expected a positive number of seconds')
+  cpu_s = V.positive_option(item, 'cpu_s', LIMITS.cpu_s, int)
   code = extract_code(text)
   if not code:
     return V.failure(V.PARSE_FAILURE, 'no code')

@@ -97,6 +97,39 @@ def test_resume_after_preemption_is_bit_exact(tmp_path, monkeypatch):
                               jax.device_get(straight.opt_state))
 
 
+def critic_config(steps):
+  """tiny_config with PPO's critic; the `overlong` verifier (cache = L_max, so every token
+  costs 1/8) gives varied nonzero rewards even to an untrained policy, so the head moves."""
+  c = tiny_config(steps=steps)
+  c.objective.advantage = 'gae'
+  c.critic.update(enabled=True, lr=1e-2)
+  c.verifier.name = 'overlong'
+  c.overlong.cache_len = c.rl.max_new_tokens
+  c.eval.every = 0
+  return c
+
+
+def test_resume_with_a_critic_is_bit_exact(tmp_path, monkeypatch):
+  straight, _ = train.train(critic_config(steps=2), str(tmp_path / 'straight'))
+  assert np.abs(np.asarray(straight.value_params['kernel'])).max() > 0
+  flag_init = checkpoint.PreemptionFlag.__init__
+
+  def preempted_at_1(self, *a, **kw):
+    flag_init(self, *a, **kw)
+    self.should_stop = lambda step, manager=None: step == 1
+
+  monkeypatch.setattr(checkpoint.PreemptionFlag, '__init__', preempted_at_1)
+  train.train(critic_config(steps=2), str(tmp_path / 'resumed'))
+  monkeypatch.setattr(checkpoint.PreemptionFlag, '__init__', flag_init)
+  resumed, _ = train.train(critic_config(steps=2), str(tmp_path / 'resumed'))
+  for field in ('params', 'opt_state', 'value_params', 'value_opt_state'):
+    chex.assert_trees_all_equal(jax.device_get(getattr(resumed, field)),
+                                jax.device_get(getattr(straight, field)))
+  log = [r for r in metrics.read_jsonl(tmp_path / 'resumed' / 'metrics.jsonl') if r['step'] == 2]
+  for key in ('value/loss', 'value/explained_var', 'value/clip_frac', 'value/grad_norm'):
+    assert np.isfinite(log[-1][key]), key
+
+
 def test_resume_right_after_the_warm_start_does_not_repeat_it(tmp_path):
   # Stopped after saving step 0 (rl.steps=0 ends there): the resumed run must start RL from
   # the saved warm start, not run SFT a second time on top of it.

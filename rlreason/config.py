@@ -4,7 +4,8 @@ Experiments (`experiments/*.py`) start from `default()` and override what they n
 loop reads the tree only at its edges and hands plain keyword arguments to library code.
 `validate` checks the arithmetic a run depends on (batch splits, G against devices, token
 budgets, registry names), and that the objective's pieces get every input they need
-(`_check_objective`, `_check_verifier_items`), and raises one ValueError naming every offending field.
+(`_check_objective`, `_check_verifier_items`), and raises one ValueError naming every
+offending field.
 """
 
 import functools

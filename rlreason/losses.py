@@ -204,10 +204,10 @@ def is_grpo(logprobs_NxL, old_logprobs_NxL, advantages_NxL, mask_NxL, *, group_s
   Σ_x p(x) ∇J_x / σ_x is a reweighted gradient; sampling prompts from q(x) ∝ p(x) σ̂_x
   (`is_grpo_prompt_probs`) moves the weight into sampling. A library function: no prompt
   sampler of the loop draws from q yet, so it is not in POLICY_LOSSES (see LIBRARY_ONLY).
-  The loss multiplies prompt x's GRPO term (advantages divided by the group's σ_x) by sg(σ_x / σ̂_x),
-  so its update is ∇J_x / σ̂_x and E_q[update] = ∇J / Σ_x p σ̂ — parallel to the full gradient
-  exactly, even when σ̂ is a stale estimate; with σ̂_x = σ_x the weight is 1 and this is plain
-  GRPO on q-sampled prompts (§9's form). The loss itself is ppo_clip's.
+  The loss multiplies prompt x's GRPO term (advantages divided by the group's σ_x) by
+  sg(σ_x / σ̂_x), so its update is ∇J_x / σ̂_x and E_q[update] = ∇J / Σ_x p σ̂ — parallel to
+  the full gradient exactly, even when σ̂ is a stale estimate; with σ̂_x = σ_x the weight is 1
+  and this is plain GRPO on q-sampled prompts (§9's form). The loss itself is ppo_clip's.
   Provenance: our formalisation (paper not available).
 
   Args:

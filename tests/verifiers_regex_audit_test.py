@@ -177,6 +177,8 @@ def test_linear_time_on_adversarial_input(name):
   fn('warm up: ' + markers[0])  # first calls load grammars (math-verify) and caches.
   for text in adversarial(markers):
     seconds = cpu_seconds(fn, text)
+    if seconds >= LIMIT_S:  # load only ever adds time: the best of three is the cost.
+      seconds = min(seconds, cpu_seconds(fn, text), cpu_seconds(fn, text))
     assert seconds < LIMIT_S, f'{name} took {seconds:.2f}s+ CPU on {text[:60]!r}...'
 
 

@@ -10,7 +10,14 @@ rlreason.main ~260 s and demo_report ~130 s (seeds 21, 22).
 Measured (seed: greedy pass@1 on 500 held-out problems after SFT -> after GRPO; SFT-only
 continuation, RFT), this config (GRPO lr 2e-4): 13: 0.218 -> 1.000; 14: 0.196 -> 1.000;
 15: 0.206 -> 1.000 (these three RL-only from their warm starts); 21: 0.208 -> 1.000 (0.208,
-1.000); 22: 0.190 -> 1.000 (0.190, 1.000); 23: 0.222 -> 1.000 (0.188, 0.862). With lr
+1.000); 22: 0.190 -> 1.000 (0.190, 1.000); 23: 0.222 -> 1.000 (0.188, 0.862). Those were
+judged by a verifier that read only the number the chain spells; rerun (2026-12-01, load ~7)
+with verify_carry_chain checking every digit and carry flag: 13: 0.216 -> 1.000 (0.222,
+0.728); 15: 0.206 -> 0.988 (0.998 at steps 40 and 60; the 6 misses write the top column's
+digit off by one); 21: 0.208 -> 0.998 (1.000 at step 60; 0.196, 0.856). The final greedy
+completions of 15 and 21 get the same verdicts under the old rule, so those GRPO drops are
+not the stricter check; whether 21's baselines moved (0.208 -> 0.196, 1.000 -> 0.856)
+because of it or of other code changed meanwhile was not separated. With lr
 1e-4, seed 15 stopped at 0.958 from step 40 on: its policy's entropy had collapsed to ~0.002
 nats/token with 4% of problems wrong in one way (a carry emitted where the column sums to 9),
 so their groups were all wrong and gave no gradient; at 2e-4 the flaw is fixed before the

@@ -8,8 +8,12 @@ GRPO: a Dense D -> 1 value head on the policy's final hidden states (model.init_
 zero at the start), GAE with γ = λ = 1 whitened over the batch, the clipped value loss
 (cliprange_value 0.5) added with coef 0.5 (the head shares the policy's trunk), and the head
 on its own learning rate. verl's critic lr is 1e-5 for a separate 7B critic; a fresh head on
-a 128-wide model needs far more, hence 1e-3. Expected result: not yet measured (only the
-smoke run is tested); value/explained_var should rise above 0 as the head learns.
+a 128-wide model needs far more, hence 1e-3.
+Measured (2026-12-01, seed 0, `--config.rl.steps=30`, 2-core CPU shared with other jobs,
+339 s in all): greedy pass@1 0.13 after SFT -> 0.83 at step 10 -> 0.975 at step 30 (the
+demo's GRPO: >= 0.99 by step 40). The head tracks the mean reward (value/mean 0.77 against a
+reward of 0.88 at step 30) but its explained variance stayed negative (-0.87 at step 30):
+its per-token values do not yet beat a constant; longer runs and other critic lrs untried.
 """
 
 from experiments import demo

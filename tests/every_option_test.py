@@ -179,7 +179,7 @@ class _InProcessPool:
     return [registry.get_verifier(verifier)(item) for item in items]
 
 
-def _scored(texts, examples, *, task, group_size, lengths, **overrides):
+def _scored(texts, examples, *, task, group_size, lengths, judge_parts=None, **overrides):
   """rl_batch.score on given completion texts, with a fake run around the real verifiers."""
   import types
   from rlreason import rl_batch
@@ -193,6 +193,7 @@ def _scored(texts, examples, *, task, group_size, lengths, **overrides):
                     group_size=group_size)
   run = types.SimpleNamespace(config=c, pool=_InProcessPool(), judge=None,
                               tok=types.SimpleNamespace(decode_batch=lambda ids, **kw: texts))
+  run.__dict__.update(judge_parts or {})
   scores, _ = rl_batch.score(run, rollout, examples, progress=0.0)
   return run, scores
 
@@ -282,3 +283,26 @@ def test_transforms_on_token_advantages_equal_the_per_response_form(name):
   per_token = rl_batch._transform_tokens(fn, adv_NxL, second, kw)
   np.testing.assert_allclose(per_token, jnp.where(mask_NxL, per_response[:, None], 0.0),
                              rtol=1e-6)
+
+
+def test_dapo_filters_on_the_verifier_reward_when_a_judge_is_on():
+  # verifier + 0.5 judge, the judge giving [0.8, 0.2 | 0.4, 0.4]: group 0's verifier rewards
+  # are [1, 1] (no outcome signal) but its combined ones differ ([1.4, 1.1]); group 1's are
+  # [1, 0] -> [1.2, 0.2]. DAPO keeps group 1 first and group 0 only as masked filler.
+  import types
+  from rlreason import rl_batch
+  from rlreason import tasks
+  from rlreason.verifiers import composition
+  examples = [tasks.get_task('arithmetic').generate(0, i, difficulty=1) for i in range(2)]
+  texts = [examples[0].solution] * 2 + [examples[1].solution, 'no answer']
+  judge = types.SimpleNamespace(score=lambda prompts, texts, params: types.SimpleNamespace(
+      rewards_N=[0.8, 0.2, 0.4, 0.4], metrics=lambda: {}))
+  mix = composition.RewardComposition(weights={'verifier': 1.0, 'judge': 0.5})
+  _, scores = _scored(texts, examples, task='arithmetic', group_size=2, lengths=[3] * 4,
+                      judge_parts={'judge': judge, 'reward_mix': mix})
+  np.testing.assert_allclose(scores.rewards_BxG, [[1.4, 1.1], [1.2, 0.2]], rtol=1e-6)
+  np.testing.assert_array_equal(scores.verifier_BxG, [[1.0, 1.0], [1.0, 0.0]])
+  rollout, kept, filled = rl_batch.dynamic_filter([(_rollout_of(4, 2), scores)], 2)
+  assert filled == 0.5
+  np.testing.assert_allclose(kept.rewards_BxG, [[1.2, 0.2], [1.4, 1.1]], rtol=1e-6)
+  np.testing.assert_array_equal(np.asarray(rollout.mask_NxL).all(-1), [True, True, False, False])

@@ -21,11 +21,11 @@ from absl import logging as absl_logging
 import jax
 from ml_collections import config_flags
 
-from rlreason import metrics as metrics_lib
-from rlreason import sampler
-from rlreason import train
-from rlreason.rl_batch import decode_completions
-from rlreason.run_setup import build, encode_prompts, sft_loop, warm_start_checkpointer
+from rlreason.rl import metrics as metrics_lib
+from rlreason.rl import train
+from rlreason.rl.rl_batch import decode_completions
+from rlreason.rl.run_setup import build, encode_prompts, sft_loop, warm_start_checkpointer
+from rlreason.rollout import sampler
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'experiments/demo.py', 'Demo config.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The workdir of the finished run.')

@@ -1,4 +1,4 @@
-"""GRPO on GSM8K with the math verifier plus a model-judged step reward (rlreason/judge.py).
+"""GRPO on GSM8K with the math verifier plus a model-judged step reward (rlreason/rollout/judge.py).
 
   python -m rlreason.main --config experiments/judge_gsm8k.py:qwen2.5-0.5b --workdir DIR \
       --config.model.path=/ckpt/Qwen2.5-0.5B-Instruct --config.judge.model=/ckpt/Qwen2.5-7B-Instruct

@@ -4,7 +4,7 @@
   python -m rlreason.main --config experiments/ppo_critic.py:runlocal --workdir /tmp/ppo_rl  # smoke
 
 The demo's setting and hardware (see experiments/demo.py) with verl's PPO recipe instead of
-GRPO: a Dense D -> 1 value head on the policy's final hidden states (model.init_value_head,
+GRPO: a Dense D -> 1 value head on the policy's final hidden states (transformer.init_value_head,
 zero at the start), GAE with γ = λ = 1 whitened over the batch, the clipped value loss
 (cliprange_value 0.5) added with coef 0.5 (the head shares the policy's trunk), and the head
 on its own learning rate. verl's critic lr is 1e-5 for a separate 7B critic; a fresh head on

@@ -93,7 +93,7 @@ def load_config(spec: str, overrides: list[str]):
 
 def model_cfg(config, model_name: str | None):
   import model_shapes
-  from rlreason import model
+  from rlreason.model import transformer
   m = config.model
   dtypes = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat)
   name = model_name or (model_shapes.guess(m.path) if m.init == 'hf' else None)
@@ -104,9 +104,9 @@ def model_cfg(config, model_name: str | None):
                      f'--model (one of {sorted(model_shapes.ARCHS)}).')
   arch = dict(m.arch)
   if not arch['vocab_size']:
-    from rlreason import run_setup
+    from rlreason.rl import run_setup
     arch['vocab_size'] = run_setup._tokenizer(config).vocab_size  # pylint: disable=protected-access
-  return 'config.model.arch', model.ModelConfig(**arch, **dtypes)
+  return 'config.model.arch', transformer.ModelConfig(**arch, **dtypes)
 
 
 def _shard_bytes(tree) -> int:
@@ -131,15 +131,18 @@ def check(config, *, devices, model_name=None) -> dict[str, object]:
   """Compiles both programs for `devices` and returns the byte counts per chip."""
   import jax
   import jax.numpy as jnp
-  from rlreason import run_setup, sampler, sharding, update
+  from rlreason.model import sharding
+  from rlreason.rl import run_setup
+  from rlreason.rl import update
+  from rlreason.rollout import sampler
   from rlreason.structs import Prompts, TrainBatch
   name, cfg = model_cfg(config, model_name)
   mesh = sharding.make_mesh(dict(config.mesh), devices=devices)
   rl = config.rl
   param_sh = sharding.param_shardings(cfg, mesh, sharding.TRAIN_RULES)
   sample_sh = sharding.param_shardings(cfg, mesh, sharding.SAMPLE_RULES)
-  from rlreason import model
-  params = _with(model.abstract_params(cfg), param_sh)
+  from rlreason.model import transformer
+  params = _with(transformer.abstract_params(cfg), param_sh)
   opt = config.optimizer
   optimizer = run_setup.make_optimizer(lr=opt.lr, warmup_steps=opt.warmup_steps, b1=opt.b1,
                                        b2=opt.b2, weight_decay=opt.weight_decay,
@@ -183,7 +186,7 @@ def check(config, *, devices, model_name=None) -> dict[str, object]:
       cfg, rl.group_size, length, False, int(rl.top_k), float(rl.top_p), (0,), 0, None, mesh,
       int(rl.decode_chunks))
   with jax.set_mesh(mesh):
-    sample_stats = generate.lower(_with(model.abstract_params(cfg), sample_sh), prompts, None,
+    sample_stats = generate.lower(_with(transformer.abstract_params(cfg), sample_sh), prompts, None,
                                   temp, key).compile().memory_analysis()
   shape = sharding.mesh_shape(dict(config.mesh), len(devices))
   kv_split = shape[0] * shape[1] * (shape[2] if cfg.num_kv_heads % shape[2] == 0 else 1)
@@ -194,7 +197,7 @@ def check(config, *, devices, model_name=None) -> dict[str, object]:
       'model': name, 'params_B': cfg.num_params() / 1e9, 'mesh': dict(zip(sharding.MESH_AXES,
                                                                           shape)),
       'params': _shard_bytes(state.params), 'opt_state': _shard_bytes(state.opt_state),
-      'sample_params': _shard_bytes(_with(model.abstract_params(cfg), sample_sh)),
+      'sample_params': _shard_bytes(_with(transformer.abstract_params(cfg), sample_sh)),
       'kv_cache': kv * cache_bytes // kv_split,
       'train_temp': train_stats.temp_size_in_bytes, 'sample_temp': sample_stats.temp_size_in_bytes,
   }

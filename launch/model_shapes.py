@@ -6,7 +6,7 @@ repository (hidden_size, intermediate_size, num_hidden_layers, num_attention_hea
 num_key_value_heads, head_dim, vocab_size, tie_word_embeddings, rope_theta, rope_scaling).
 """
 
-from rlreason import model
+from rlreason.model import transformer
 
 _QWEN25 = dict(family='qwen2', qkv_bias=True, rope_theta=1_000_000.0, head_dim=128)
 _QWEN3 = dict(family='qwen3', qk_norm=True, rope_theta=1_000_000.0, head_dim=128)
@@ -34,10 +34,10 @@ PUBLISHED_BILLIONS = {'qwen2.5-0.5b': 0.49, 'qwen2.5-1.5b': 1.54, 'qwen2.5-7b': 
                       'qwen3-4b': 4.02, 'qwen3-8b': 8.19, 'llama3-8b': 8.03}
 
 
-def model_config(name: str, **dtypes) -> model.ModelConfig:
+def model_config(name: str, **dtypes) -> transformer.ModelConfig:
   if name not in ARCHS:
     raise ValueError(f'unknown model {name!r}; known: {sorted(ARCHS)}.')
-  return model.ModelConfig(**ARCHS[name], **dtypes)
+  return transformer.ModelConfig(**ARCHS[name], **dtypes)
 
 
 def guess(path: str) -> str | None:

@@ -72,7 +72,7 @@ def default() -> ml_collections.ConfigDict:
   c.verifier = ml_collections.ConfigDict(dict(name='math', deadline_s=60.0, workers=2,
                                               allow_weak_sandbox=False))
 
-  # Model-judged step rewards (rlreason/judge.py), combined with the verifier's reward as
+  # Model-judged step rewards (rlreason/rollout/judge.py), combined with the verifier's reward as
   # verifier_weight * verifier + weight(progress) * judge; 'linear' goes weight -> weight_end.
   c.judge = ml_collections.ConfigDict(dict(
       enabled=False, model='policy',  # 'policy' | HF checkpoint dir | 'random-tiny' (tests)
@@ -108,9 +108,25 @@ def default() -> ml_collections.ConfigDict:
   return c
 
 
+# HeaPA's boundary definitions (rl/prompt_schedule.py implements them).
+HEAPA_MODES = ('medium', 'easy_medium')
+
+
+def completion_length(config) -> int:
+  """L: sampled tokens, after an older policy's prefix when prefix_rollouts are on."""
+  p = config.prefix_rollouts
+  return config.rl.max_new_tokens + (p.max_tokens if p.enabled else 0)
+
+
 def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
   """Raises ValueError listing every inconsistent field; returns None when the config is sound."""
-  from rlreason import advantage_transforms, advantages, aggregation, kl, losses, sharding, tasks
+  from rlreason import tasks
+  from rlreason.model import sharding
+  from rlreason.objectives import advantage_transforms
+  from rlreason.objectives import advantages
+  from rlreason.objectives import aggregation
+  from rlreason.objectives import kl
+  from rlreason.objectives import losses
   from rlreason.verifiers import registry
 
   errors = []
@@ -169,7 +185,7 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
   check(c.eval.k >= 1, f'eval.k={c.eval.k} must be >= 1.')
   _check_mixed_policy(c, check)
   if c.judge.enabled:
-    from rlreason import judge
+    from rlreason.rollout import judge
     for field, known in (('split', judge.SPLITTERS), ('aggregate', judge.AGGREGATES),
                          ('score', judge.SCORE_MODES), ('schedule', ('constant', 'linear'))):
       check(c.judge[field] in known, f'judge.{field}={c.judge[field]!r}; known: {sorted(known)}.')
@@ -198,7 +214,7 @@ def _check_sandbox(c, check) -> None:
 def _check_mixed_policy(c, check) -> None:
   """Prompt schedule, HAPO, prefix rollouts and export fields."""
   import inspect
-  from rlreason import losses, prompt_schedule
+  from rlreason.objectives import losses
   d, h, p = c.data, c.hapo, c.prefix_rollouts
   check(d.schedule in ('uniform', 'heapa'),
         f"data.schedule={d.schedule!r}; known: 'uniform', 'heapa'.")
@@ -208,8 +224,8 @@ def _check_mixed_policy(c, check) -> None:
           f'{c.rl.prompts_per_step} (a batch is drawn from the pool).')
     check(0 < d.heapa.low_fraction < 1,
           f'data.heapa.low_fraction={d.heapa.low_fraction} must be in (0, 1).')
-    check(d.heapa.mode in prompt_schedule.MODES,
-          f'data.heapa.mode={d.heapa.mode!r}; known: {prompt_schedule.MODES}.')
+    check(d.heapa.mode in HEAPA_MODES,
+          f'data.heapa.mode={d.heapa.mode!r}; known: {HEAPA_MODES}.')
     check(d.heapa.fresh_per_step >= 0,
           f'data.heapa.fresh_per_step={d.heapa.fresh_per_step} must be >= 0.')
   if h.enabled:
@@ -254,7 +270,9 @@ def _options_of(fn, *, given, supplied, what, check) -> None:
 
 def _check_objective(c, check) -> None:
   """Every registered estimator, loss and transform gets the inputs it needs from the loop."""
-  from rlreason import advantage_transforms, advantages, losses
+  from rlreason.objectives import advantage_transforms
+  from rlreason.objectives import advantages
+  from rlreason.objectives import losses
   o, critic = c.objective, c.critic
   if o.policy_loss in losses.LIBRARY_ONLY:
     check(False, f'objective.policy_loss={o.policy_loss!r} {losses.LIBRARY_ONLY[o.policy_loss]}.')
@@ -288,15 +306,14 @@ def _check_objective(c, check) -> None:
     _options_of(fn, given=dict(o.transform_kwargs.get(name, {})), supplied={'num_modes'},
                 what=f'objective.transform_kwargs[{name!r}]', check=check)
   if 'ifpo' in o.transforms:
-    from rlreason.rl_batch import behaviour_mode_fn
-    has_modes = c.data.source == 'task' and behaviour_mode_fn(c.data.task) is not None
+    from rlreason import tasks
+    has_modes = c.data.source == 'task' and tasks.behaviour_mode_fn(c.data.task) is not None
     check(has_modes, "objective.transforms has 'ifpo', which weights responses by their behaviour "
                      f'mode, but data.source={c.data.source!r} / data.task={c.data.task!r} has no '
                      "behaviour_mode (the 'policy_recall' task has: consulted the rules or not).")
     modes = dict(o.transform_kwargs.get('ifpo', {})).get('num_modes', 2)
     check(isinstance(modes, int) and modes >= 2,
           f"objective.transform_kwargs['ifpo'].num_modes={modes} must be an int >= 2.")
-  from rlreason.run_setup import completion_length
   length, ov = completion_length(c), c.overlong
   check(0 <= ov.cache_len <= length, f'overlong.cache_len={ov.cache_len} must be in '
                                      f'[0, {length}] (the completion length L_max).')
@@ -329,7 +346,7 @@ def _check_verifier_items(c, check) -> None:
 def _probe_verifier(name: str, task: str, difficulty: int, options_json: str):
   import json
   from rlreason import tasks
-  from rlreason.rl_batch import verifier_item
+  from rlreason.tasks.example import verifier_item
   from rlreason.verifiers import registry
   details = []
   for index in range(8):

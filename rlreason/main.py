@@ -78,7 +78,7 @@ def _check_multihost(config, jax) -> None:
 
 def run(config, workdir: pathlib.Path) -> dict[str, float]:
   import jax
-  from rlreason import train
+  from rlreason.rl import train
   config_lib.validate(config, num_devices=jax.device_count())
   if jax.process_count() > 1:
     _check_multihost(config, jax)
@@ -98,7 +98,7 @@ def main(argv):
   # orbax logs every file it writes at INFO; keep the console for the run's own progress.
   absl_logging.set_verbosity(absl_logging.WARNING)
   if _CPU_DEVICES.value:
-    from rlreason import sharding
+    from rlreason.model import sharding
     sharding.split_cpu_host(_CPU_DEVICES.value)
   watchdog = _start_multihost()
   try:

@@ -70,7 +70,7 @@ class TrainState:
   opt_state: Any
   step: jax.Array  # int32: optimizer updates applied.
   skipped: jax.Array  # int32: updates skipped for a non-finite loss or gradient.
-  value_params: Any = None  # model.init_value_head, only when config.critic.enabled.
+  value_params: Any = None  # transformer.init_value_head, only when config.critic.enabled.
   value_opt_state: Any = None
 
 

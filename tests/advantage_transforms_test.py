@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from rlreason import advantage_transforms as tr
-from rlreason import advantages as adv
+from rlreason.objectives import advantage_transforms as tr
+from rlreason.objectives import advantages as adv
 
 R_1000 = np.array([[1.0, 0.0, 0.0, 0.0]], np.float32)
 GRPO_1000 = np.array([[1.5, -0.5, -0.5, -0.5]], np.float32)  # unbiased std, eps = 0.

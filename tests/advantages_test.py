@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from rlreason import advantages as adv
+from rlreason.objectives import advantages as adv
 
 R_1000 = np.array([[1.0, 0.0, 0.0, 0.0]], np.float32)
 TIGHT = dict(rtol=1e-6, atol=1e-6)

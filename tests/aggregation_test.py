@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlreason import aggregation
+from rlreason.objectives import aggregation
 
 MODES = ('token_mean', 'seq_mean_token_mean', 'seq_mean_token_sum', 'constant_normalizer')
 MAX_LEN = 6

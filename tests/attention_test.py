@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlreason import attention
+from rlreason.model import attention
 
 
 def dense_attention(q_NxTxKxRxDh, k_NxTxKxDh, v_NxTxKxDh, mask_NxT):

@@ -1,4 +1,4 @@
-"""Tests for rlreason.data: streams, splits, sharding, file loaders, tfds, exact resume."""
+"""Tests for rlreason.tasks.data: streams, splits, sharding, file loaders, tfds, exact resume."""
 
 import ast
 import fractions
@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rlreason import data
 from rlreason import tasks
+from rlreason.tasks import data
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(__file__).resolve().parents[2] / 'shared' / 'data'
@@ -190,7 +190,8 @@ def test_examples_dataset_shards_shuffles_and_resumes():
 
 _TFDS_SCRIPT = """
 import dataclasses, json, pathlib, sys
-from rlreason import data, tasks
+from rlreason import tasks
+from rlreason.tasks import data
 examples = data.load_jsonl(sys.argv[1], data.GSM8K) + [
     tasks.get_task('policy_recall').generate(0, 1, difficulty=7),  # Nested meta.
     dataclasses.replace(tasks.get_task('arithmetic').generate(0, 1), solution=None)]

@@ -1,12 +1,12 @@
-"""Tests of rlreason.dynamics_lm: the on-device group task, decoding, rewards and summaries."""
+"""Tests of rlreason.dynamics.toy_lm: the on-device group task, decoding, rewards and summaries."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlreason import dynamics_lm as dl
-from rlreason import model
+from rlreason.dynamics import toy_lm as dl
+from rlreason.model import transformer
 from rlreason.tasks import group_composition
 
 # Jitted once per shape (and kept in the suite's persistent cache): eager dispatch of these
@@ -97,11 +97,11 @@ def test_greedy_decode_matches_full_forward():
   # Jitted only: eager nnx decoding dispatches op by op and takes minutes on 2 cores.
   task = dl.GroupTask.make('S3', max_k=3)
   cfg = dl.tiny_model(task, hidden=16, layers=1, heads=2)
-  params = jax.jit(lambda key: model.init_params(cfg, key))(jax.random.key(3))
+  params = jax.jit(lambda key: transformer.init_params(cfg, key))(jax.random.key(3))
   problems = dl.sample_problems(jax.random.key(4), task, weights_K=jnp.ones(3) / 3, batch=5)
   fn = lambda p, t: dl.decode(p, t, jax.random.key(0), cfg=cfg, steps=3, temperature=0.0)
   tokens_NxT = jax.jit(fn)(params, problems.tokens_BxP)
-  logits_NxTxV = jax.jit(lambda p, t: model.apply(p, t, cfg=cfg)[0])(params, tokens_NxT)
+  logits_NxTxV = jax.jit(lambda p, t: transformer.apply(p, t, cfg=cfg)[0])(params, tokens_NxT)
   p = task.prompt_len
   np.testing.assert_array_equal(tokens_NxT[:, :p], problems.tokens_BxP)
   np.testing.assert_array_equal(tokens_NxT[:, p:], jnp.argmax(logits_NxTxV[:, p - 1:-1], -1))
@@ -110,7 +110,7 @@ def test_greedy_decode_matches_full_forward():
 def test_sampled_decode_is_reproducible_and_uses_the_key():
   task = dl.GroupTask.make('Z5', max_k=4)
   cfg = dl.tiny_model(task, hidden=16, layers=1, heads=2)
-  params = jax.jit(lambda key: model.init_params(cfg, key))(jax.random.key(0))
+  params = jax.jit(lambda key: transformer.init_params(cfg, key))(jax.random.key(0))
   weights_K = dl.difficulty_weights_K(task, (4,))
   prompts = jnp.repeat(dl.sample_problems(jax.random.key(1), task, weights_K=weights_K,
                                           batch=1).tokens_BxP, 64, 0)

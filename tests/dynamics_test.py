@@ -12,10 +12,10 @@ import numpy as np
 import optax
 import pytest
 
-from rlreason import advantage_transforms as tr
-from rlreason import advantages as adv
-from rlreason import dynamics as dyn
-from rlreason import losses
+from rlreason.dynamics import bandit as dyn
+from rlreason.objectives import advantage_transforms as tr
+from rlreason.objectives import advantages as adv
+from rlreason.objectives import losses
 
 PROBS_3 = np.array([0.4, 0.35, 0.25])  # answer 0 correct, 1 and 2 wrong.
 CORRECT_3 = np.array([[[1.0, 0.0, 0.0]]], np.float32)

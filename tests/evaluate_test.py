@@ -10,11 +10,11 @@ import jax
 import numpy as np
 import pytest
 
-from rlreason import evaluate
-from rlreason import metrics
-from rlreason import model
-from rlreason import train
-from rlreason import weights
+from rlreason.model import transformer
+from rlreason.model import weights
+from rlreason.rl import evaluate
+from rlreason.rl import metrics
+from rlreason.rl import train
 from train_test import tiny_config
 
 
@@ -66,7 +66,7 @@ def test_exported_policy_loads_back_with_the_same_logits(finished_run):
   # HF Qwen2 always has q/k/v biases: the export writes zeros, so our config has none.
   ours_cfg = cfg.replace(qkv_bias=False)
   tokens = np.array([[3, 5, 7, 9, 4, 1]], np.int32)
-  logits = lambda p, c: np.asarray(jax.jit(lambda p: model.apply(p, tokens, cfg=c)[0])(p))
+  logits = lambda p, c: np.asarray(jax.jit(lambda p: transformer.apply(p, tokens, cfg=c)[0])(p))
   expected = logits(jax.device_get(state.params), ours_cfg)
   assert expected.std() > 0
   np.testing.assert_array_equal(logits(params, cfg), expected)

@@ -12,12 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlreason import advantage_transforms
-from rlreason import advantages
 from rlreason import config as config_lib
-from rlreason import losses
-from rlreason import run_setup
-from rlreason import train
+from rlreason.objectives import advantage_transforms
+from rlreason.objectives import advantages
+from rlreason.objectives import losses
+from rlreason.rl import run_setup
+from rlreason.rl import train
 from rlreason.verifiers import pool as pool_lib
 from rlreason.verifiers import registry
 
@@ -182,7 +182,7 @@ class _InProcessPool:
 def _scored(texts, examples, *, task, group_size, lengths, judge_parts=None, **overrides):
   """rl_batch.score on given completion texts, with a fake run around the real verifiers."""
   import types
-  from rlreason import rl_batch
+  from rlreason.rl import rl_batch
   from rlreason.structs import Rollout
   c = tiny(task, **overrides)
   n = len(texts)
@@ -206,8 +206,8 @@ def test_ifpo_weights_policy_recall_responses_by_whether_they_consulted_the_rule
   # Modes [1, 1, 1, 0]: w = G / (K n_m) = 4 / (2·3) = 2/3 for mode 1, 4 / (2·1) = 2 for mode 0,
   # so A' = [1/3, 1/3, -1, 1]. (The old wiring passed the rewards as modes: weights 2/3 on the
   # right answers and 2 on the wrong one, whatever was consulted.)
-  from rlreason import rl_batch
   from rlreason import tasks
+  from rlreason.rl import rl_batch
   example = tasks.get_task('policy_recall').generate(0, 0, difficulty=2)
   rule = example.solution.splitlines()[0]
   texts = [f'{rule}\n<policies>POL-14</policies>'] * 2 + [f'{rule}\n<policies></policies>',
@@ -237,8 +237,8 @@ def test_overlong_shaping_uses_completion_lengths_and_dapo_filters_on_the_verifi
   # L_max = max_new_tokens = 8, cache 4: soft limit 4, penalty (4 - |y|) / 4 in (4, 8].
   # Lengths [8, 5 | 3, 3]: penalties [-1, -0.25 | 0, 0]. Both answers of group 0 are right
   # (verifier [1, 1]) and group 1's differ ([1, 0]).
-  from rlreason import rl_batch
   from rlreason import tasks
+  from rlreason.rl import rl_batch
   examples = [tasks.get_task('arithmetic').generate(0, i, difficulty=1) for i in range(2)]
   texts = [examples[0].solution] * 2 + [examples[1].solution, 'no answer']
   run, scores = _scored(texts, examples, task='arithmetic', group_size=2, lengths=[8, 5, 3, 3],
@@ -270,7 +270,7 @@ def _rollout_of(n, g):
 def test_transforms_on_token_advantages_equal_the_per_response_form(name):
   # Token-level advantages that are constant along each response (as a group estimator's,
   # broadcast) must transform exactly as the per-response advantages; padding stays 0.
-  from rlreason import rl_batch
+  from rlreason.rl import rl_batch
   rewards_BxG = jnp.array([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
   modes_BxG = jnp.array([[0, 1, 1], [1, 1, 0]])
   adv_BxG = advantages.grpo(rewards_BxG)
@@ -290,8 +290,8 @@ def test_dapo_filters_on_the_verifier_reward_when_a_judge_is_on():
   # are [1, 1] (no outcome signal) but its combined ones differ ([1.4, 1.1]); group 1's are
   # [1, 0] -> [1.2, 0.2]. DAPO keeps group 1 first and group 0 only as masked filler.
   import types
-  from rlreason import rl_batch
   from rlreason import tasks
+  from rlreason.rl import rl_batch
   from rlreason.verifiers import composition
   examples = [tasks.get_task('arithmetic').generate(0, i, difficulty=1) for i in range(2)]
   texts = [examples[0].solution] * 2 + [examples[1].solution, 'no answer']

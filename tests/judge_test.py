@@ -1,4 +1,4 @@
-"""The judge reward: step splitting, label scores against model.apply, rigged judges, the
+"""The judge reward: step splitting, label scores against transformer.apply, rigged judges, the
 composition with a verifier reward, label checks, no recompiles, and one RL step with it."""
 
 import functools
@@ -10,17 +10,17 @@ import numpy as np
 import pytest
 
 from rlreason import config as config_lib
-from rlreason import judge
-from rlreason import metrics
-from rlreason import model
-from rlreason import sampler
-from rlreason import tokenizer
-from rlreason import train
-from rlreason import weights
+from rlreason.model import tokenizer
+from rlreason.model import transformer
+from rlreason.model import weights
+from rlreason.rl import metrics
+from rlreason.rl import train
+from rlreason.rollout import judge
+from rlreason.rollout import sampler
 from rlreason.verifiers import composition
 
 TOK = tokenizer.from_characters(string.printable)
-CFG = model.ModelConfig(vocab_size=TOK.vocab_size, hidden_size=32, intermediate_size=64,
+CFG = transformer.ModelConfig(vocab_size=TOK.vocab_size, hidden_size=32, intermediate_size=64,
                         num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16)
 TEMPLATE = 'Q:{problem}|S:{previous}|{index}:{step}?'
 BUCKETS = (32, 128)
@@ -46,7 +46,7 @@ def traces():
 @pytest.fixture(scope='module')
 def params():
   # Larger-than-default weights: peaked, prompt-dependent label distributions.
-  p = model.init_params(CFG, jax.random.key(0))
+  p = transformer.init_params(CFG, jax.random.key(0))
   return jax.tree.map(lambda x: x * 5 if x.ndim > 1 else x, p)
 
 
@@ -90,7 +90,7 @@ def test_scores_equal_model_apply_on_the_rubric_prompt(params, mode):
   j = make_judge(params, score_mode=mode)
   result = j.score(problems, completions)
   # Recomputed here: the rubric text by hand, a plain full forward per prompt.
-  forward = jax.jit(lambda p, t: model.apply(p, t, cfg=CFG)[0])
+  forward = jax.jit(lambda p, t: transformer.apply(p, t, cfg=CFG)[0])
   expected, lengths = [], set()
   for problem, text in zip(problems, completions):
     steps = [line.strip() for line in text.splitlines() if line.strip()]

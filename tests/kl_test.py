@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlreason import kl
+from rlreason.objectives import kl
 
 THETA_4 = jnp.array([0.4, -0.3, 1.1, -0.8])  # policy logits
 REF_4 = jnp.log(jnp.array([0.1, 0.2, 0.3, 0.4]))  # reference log-probs

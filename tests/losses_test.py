@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlreason import aggregation
-from rlreason import loss_diagnostics
-from rlreason import losses
+from rlreason.objectives import aggregation
+from rlreason.objectives import loss_diagnostics
+from rlreason.objectives import losses
 
 # Every registered loss (and the library-only is_grpo) with the options it needs; G = 2 groups
 # where one is needed.

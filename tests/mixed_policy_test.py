@@ -1,4 +1,4 @@
-"""Tests for rlreason.mixed_policy: HAPO's teacher injection and older-policy prefixes."""
+"""Tests for rlreason.rl.mixed_policy: HAPO's teacher injection and older-policy prefixes."""
 
 import types
 
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from rlreason import config as config_lib
-from rlreason import mixed_policy
-from rlreason import model
-from rlreason import sampler
-from rlreason import tokenizer as tokenizer_lib
+from rlreason.model import tokenizer as tokenizer_lib
+from rlreason.model import transformer
+from rlreason.rl import mixed_policy
+from rlreason.rollout import sampler
 from rlreason.structs import Rollout
 from rlreason.tasks import Example
 from rlreason.verifiers import verdict as verdict_lib
@@ -124,10 +124,10 @@ def test_hapo_is_off_after_the_annealing_horizon_and_one_means_probability_one()
 
 
 def test_prefix_rows_start_with_the_old_policy_prefix_and_are_marked():
-  cfg = model.ModelConfig(vocab_size=TOK.vocab_size, hidden_size=16, intermediate_size=32,
+  cfg = transformer.ModelConfig(vocab_size=TOK.vocab_size, hidden_size=16, intermediate_size=32,
                           num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8)
-  old_params = model.init_params(cfg, jax.random.key(1))
-  params = model.init_params(cfg, jax.random.key(2))
+  old_params = transformer.init_params(cfg, jax.random.key(1))
+  params = transformer.init_params(cfg, jax.random.key(2))
   config = config_lib.default()
   config.rl.update(group_size=4, temperature=1.0)
   config.prefix_rollouts.update(enabled=True, max_tokens=5, rows_per_group=2)

@@ -1,4 +1,4 @@
-"""Logit parity of model.apply (via weights.load) with transformers' PyTorch models."""
+"""Logit parity of transformer.apply (via weights.load) with transformers' PyTorch models."""
 
 import functools
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 import transformers
 
-from rlreason import model
-from rlreason import weights
+from rlreason.model import transformer
+from rlreason.model import weights
 
 _COMMON = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                rms_norm_eps=1e-6, max_position_embeddings=256)
@@ -70,12 +70,12 @@ def test_logits_match_transformers(name, tmp_path):
   cfg, params = weights.load(path)
   t = CASES[name][3]
   tokens_NxT, mask_NxT = _left_padded_batch(np.random.default_rng(1), cfg.vocab_size, t)
-  positions_NxT = np.maximum(np.cumsum(mask_NxT, axis=1) - 1, 0)  # model.default_positions.
+  positions_NxT = np.maximum(np.cumsum(mask_NxT, axis=1) - 1, 0)  # transformer.default_positions.
 
   with torch.no_grad():
     want = hf_model(input_ids=torch.tensor(tokens_NxT), attention_mask=torch.tensor(mask_NxT),
                     position_ids=torch.tensor(positions_NxT)).logits.numpy()
-  apply = jax.jit(functools.partial(model.apply, cfg=cfg))
+  apply = jax.jit(functools.partial(transformer.apply, cfg=cfg))
   got, _ = apply(params, tokens_NxT, mask_NxT=mask_NxT)
   got = np.asarray(got)
 
@@ -93,9 +93,9 @@ def test_cases_cover_gqa_head_dim_and_scaling():
   assert qwen3.head_dim != qwen3.hidden_size // qwen3.num_heads and qwen3.qk_norm
   assert configs['qwen2_bias_untied'].qkv_bias and configs['qwen2_tied'].tie_embeddings
   llama = configs['llama3_scaled']
-  assert llama.rope_scaling == model.Llama3RopeScaling(8.0, 1.0, 4.0, 32)
+  assert llama.rope_scaling == transformer.Llama3RopeScaling(8.0, 1.0, 4.0, 32)
   assert CASES['llama3_scaled'][3] > llama.rope_scaling.original_max_position_embeddings
   # The scaling must change some frequencies and keep others (all three llama3 bands).
-  scaled, plain = model.rope_inv_freq(llama), model.rope_inv_freq(llama.replace(rope_scaling=None))
+  scaled, plain = transformer.rope_inv_freq(llama), transformer.rope_inv_freq(llama.replace(rope_scaling=None))
   assert (scaled == plain).any() and (scaled == plain / 8).any()
   assert ((scaled != plain) & (scaled != plain / 8)).any()

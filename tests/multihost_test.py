@@ -20,10 +20,10 @@ import jax
 import numpy as np
 import pytest
 
-from rlreason import checkpoint
-from rlreason import metrics
 from rlreason import multihost
-from rlreason import train
+from rlreason.rl import checkpoint
+from rlreason.rl import metrics
+from rlreason.rl import train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The tiniest run with a learning signal: demo's runlocal model on Z_2 composition, whose

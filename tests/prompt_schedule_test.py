@@ -1,4 +1,4 @@
-"""Tests for rlreason.prompt_schedule: HeaPA's frontier pool by hand, and exact resume."""
+"""Tests for rlreason.rl.prompt_schedule: HeaPA's frontier pool by hand, and exact resume."""
 
 import itertools
 import json
@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from rlreason import data
-from rlreason import prompt_schedule as ps
+from rlreason.rl import prompt_schedule as ps
+from rlreason.tasks import data
 
 
 def scored_pool(rewards, **kw):

@@ -1,6 +1,6 @@
 """TRAIN and SAMPLE rules on the real shapes of Qwen2.5 0.5B/1.5B/7B, Qwen3 4B/8B, Llama 3 8B.
 
-Shapes come from `model.abstract_params` (nothing is allocated) and meshes are abstract, so
+Shapes come from `transformer.abstract_params` (nothing is allocated) and meshes are abstract, so
 pod-sized meshes (64 chips) are checked on a laptop. For each leaf, bytes per chip are the
 shard shape's; the checks say how much of the model a chip holds and which leaves fall back
 to replication because a mesh axis does not divide them.
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from jax.sharding import AbstractMesh, AxisType
 
-from rlreason import model
-from rlreason import sharding
+from rlreason.model import sharding
+from rlreason.model import transformer
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / 'launch'))
 import model_shapes  # noqa: E402  (launch/ is not a package the library imports)
@@ -28,8 +28,8 @@ def _mesh(data, fsdp, tensor):
 
 def _layout(cfg, mesh, rules):
   """[(path, shape, spec, bytes per chip)] for every parameter."""
-  flat_shapes = _flatten(model.abstract_params(cfg))
-  flat_axes = dict(_flatten(model.param_axes(cfg), is_axes=True))
+  flat_shapes = _flatten(transformer.abstract_params(cfg))
+  flat_axes = dict(_flatten(transformer.param_axes(cfg), is_axes=True))
   out = []
   for path, x in flat_shapes:
     spec = sharding.logical_to_spec(flat_axes[path], rules, mesh, x.shape)
@@ -53,7 +53,7 @@ def _flatten(tree, prefix='', is_axes=False):
 
 def _total_bytes(cfg):
   return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize
-             for _, x in _flatten(model.abstract_params(cfg)))
+             for _, x in _flatten(transformer.abstract_params(cfg)))
 
 
 def test_table_matches_published_parameter_counts():

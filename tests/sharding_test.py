@@ -8,8 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from rlreason import model
-from rlreason import sharding
+from rlreason.model import sharding
+from rlreason.model import transformer
 
 P = jax.P
 
@@ -53,12 +53,12 @@ def test_logical_to_spec_drops_axes_that_do_not_divide():
 
 
 def test_reshard_train_to_sample_keeps_values():
-  cfg = model.ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1,
+  cfg = transformer.ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1,
                           num_heads=4, num_kv_heads=2, head_dim=8)
   mesh = sharding.make_mesh({'fsdp': 2, 'tensor': 4})
   train = sharding.param_shardings(cfg, mesh, sharding.TRAIN_RULES)
   sample = sharding.param_shardings(cfg, mesh, sharding.SAMPLE_RULES)
-  params = jax.device_put(model.init_params(cfg, jax.random.key(0)), train)
+  params = jax.device_put(transformer.init_params(cfg, jax.random.key(0)), train)
   host = jax.device_get(params)
   moved = sharding.reshard(params, sample, donate=True)
   assert moved['layers']['0']['mlp']['up'].sharding.spec == P(None, 'tensor')

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlreason import token_stats
+from rlreason.objectives import token_stats
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 

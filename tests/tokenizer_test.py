@@ -1,4 +1,4 @@
-"""Tests for rlreason.tokenizer: parity with transformers and sentencepiece."""
+"""Tests for rlreason.model.tokenizer: parity with transformers and sentencepiece."""
 
 import json
 import shutil
@@ -10,7 +10,7 @@ import sentencepiece as spm
 import tokenizers
 import transformers
 
-from rlreason import tokenizer as tk
+from rlreason.model import tokenizer as tk
 
 DATA = Path(__file__).resolve().parents[1].parent / 'shared' / 'data'
 QWEN = DATA / 'qwen_tokenizer'

@@ -12,10 +12,10 @@ import jax
 import numpy as np
 import pytest
 
-from rlreason import checkpoint
 from rlreason import config as config_lib
-from rlreason import metrics
-from rlreason import train
+from rlreason.rl import checkpoint
+from rlreason.rl import metrics
+from rlreason.rl import train
 
 
 def tiny_config(steps=2):

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlreason import trust_region
+from rlreason.objectives import trust_region
 
 A_4 = jnp.array([1.5, -0.5, -0.5, -0.5])  # GRPO advantages of R = [1, 0, 0, 0], unbiased std
 

@@ -7,12 +7,12 @@ import numpy as np
 import optax
 import pytest
 
-from rlreason import advantages
-from rlreason import model
-from rlreason import update
+from rlreason.model import transformer
+from rlreason.objectives import advantages
+from rlreason.rl import update
 from rlreason.structs import TrainBatch
 
-CFG = model.ModelConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_layers=2,
+CFG = transformer.ModelConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_layers=2,
                         num_heads=4, num_kv_heads=2, head_dim=8)
 B, G, P, L = 4, 2, 5, 6
 OPT = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-2))
@@ -37,7 +37,7 @@ def _batch(params, seed=0, objective_temperature=1.0):
 
 @pytest.fixture(scope='module')
 def state():
-  return update.init_state(model.init_params(CFG, jax.random.key(0)), OPT)
+  return update.init_state(transformer.init_params(CFG, jax.random.key(0)), OPT)
 
 
 @pytest.mark.parametrize('aggregation', ['token_mean', 'seq_mean_token_mean',
@@ -86,7 +86,7 @@ def test_completion_logprobs_align_with_a_full_forward(state):
   batch = _batch(state.params, seed=3)
   stats = update.logprobs_step(state.params, batch.tokens_NxT, batch.mask_NxT, cfg=CFG,
                                completion_len=L, temperature=0.7)
-  logits = model.apply(state.params, batch.tokens_NxT, cfg=CFG, mask_NxT=batch.mask_NxT)[0]
+  logits = transformer.apply(state.params, batch.tokens_NxT, cfg=CFG, mask_NxT=batch.mask_NxT)[0]
   logp = jax.nn.log_softmax(logits / 0.7, -1)
   # Completion token l (column P + l) is predicted at position P + l - 1.
   want = jnp.take_along_axis(logp[:, P - 1:-1], batch.tokens_NxT[:, P:, None], -1)[..., 0]

@@ -25,9 +25,9 @@ import time
 
 import pytest
 
-from rlreason import judge
-from rlreason import tokenizer
 from rlreason import verifiers
+from rlreason.model import tokenizer
+from rlreason.rollout import judge
 from rlreason.tasks import arithmetic as arithmetic_task
 from rlreason.tasks import policy_recall as policy_task
 from rlreason.verifiers import answer_extraction as ae

@@ -13,11 +13,11 @@ import safetensors.torch
 import torch
 import transformers
 
-from rlreason import model
-from rlreason import sharding
-from rlreason import weights
+from rlreason.model import sharding
+from rlreason.model import transformer
+from rlreason.model import weights
 
-_LLAMA3 = model.Llama3RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+_LLAMA3 = transformer.Llama3RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                   original_max_position_embeddings=16)
 
 
@@ -25,7 +25,7 @@ def _cfg(family, **kw):
   base = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
               num_kv_heads=2, head_dim=8, family=family, qkv_bias=family == 'qwen2',
               qk_norm=family == 'qwen3', max_position_embeddings=256)
-  return model.ModelConfig(**(base | kw))
+  return transformer.ModelConfig(**(base | kw))
 
 
 CONFIGS = {
@@ -38,7 +38,7 @@ CONFIGS = {
 
 def _random_params(cfg, seed=0):
   """init_params with every leaf redrawn: non-unit norms and non-zero biases show layout bugs."""
-  params = model.init_params(cfg, jax.random.key(seed))
+  params = transformer.init_params(cfg, jax.random.key(seed))
   leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
   keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
   new = [(1.0 if 'norm' in jax.tree_util.keystr(path) else 0.0) +
@@ -55,14 +55,14 @@ def _batch(vocab, t=20):
 
 
 def _our_logits(cfg, params, tokens_NxT, mask_NxT):
-  logits, _ = jax.jit(functools.partial(model.apply, cfg=cfg))(params, tokens_NxT, mask_NxT=mask_NxT)
+  logits, _ = jax.jit(functools.partial(transformer.apply, cfg=cfg))(params, tokens_NxT, mask_NxT=mask_NxT)
   return np.asarray(logits)
 
 
 def _hf_logits(path, tokens_NxT, mask_NxT, dtype=torch.float32):
   hf_model = transformers.AutoModelForCausalLM.from_pretrained(
       path, dtype=dtype, attn_implementation='eager').eval()
-  positions_NxT = np.maximum(np.cumsum(mask_NxT, axis=1) - 1, 0)  # model.default_positions.
+  positions_NxT = np.maximum(np.cumsum(mask_NxT, axis=1) - 1, 0)  # transformer.default_positions.
   with torch.no_grad():
     return hf_model(input_ids=torch.tensor(tokens_NxT), attention_mask=torch.tensor(mask_NxT),
                     position_ids=torch.tensor(positions_NxT)).logits.float().numpy(), hf_model

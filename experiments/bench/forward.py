@@ -48,11 +48,11 @@ import jax  # noqa: E402  (no backend exists until the first computation)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from rlreason import advantages  # noqa: E402
-from rlreason import aggregation  # noqa: E402
-from rlreason import model  # noqa: E402
-from rlreason import run_setup  # noqa: E402
-from rlreason import update  # noqa: E402
+from rlreason.model import transformer  # noqa: E402
+from rlreason.objectives import advantages  # noqa: E402
+from rlreason.objectives import aggregation  # noqa: E402
+from rlreason.rl import run_setup  # noqa: E402
+from rlreason.rl import update  # noqa: E402
 from rlreason.structs import TrainBatch  # noqa: E402
 
 
@@ -75,8 +75,8 @@ class BenchConfig:
   def head_dim(self) -> int:
     return self.hidden // self.heads
 
-  def model_config(self, compute_dtype: str = 'float32') -> model.ModelConfig:
-    return model.ModelConfig(
+  def model_config(self, compute_dtype: str = 'float32') -> transformer.ModelConfig:
+    return transformer.ModelConfig(
         vocab_size=self.vocab, hidden_size=self.hidden, intermediate_size=self.mlp,
         num_layers=self.layers, num_heads=self.heads, num_kv_heads=self.kv_heads,
         head_dim=self.head_dim, qkv_bias=True, tie_embeddings=False, family='qwen2',
@@ -168,7 +168,7 @@ def matmul_peaks(n: int = 4096, repeats: int = 3) -> dict[str, float]:
 # ----------------------------------------------------------------------------- weights
 
 
-def params_from_torch(tensors, cfg: model.ModelConfig):
+def params_from_torch(tensors, cfg: transformer.ModelConfig):
   """Our params pytree from Qwen2ForCausalLM-named tensors (weights, or their grads)."""
   sd = {k: v.detach().float().numpy() for k, v in tensors.items()}
   d, h, kv, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -198,7 +198,7 @@ def params_from_torch(tensors, cfg: model.ModelConfig):
   }
   # Same tree and shapes as init_params, so apply() takes it unchanged.
   jax.tree.map(lambda r, x: np.testing.assert_equal(r.shape, x.shape),
-               model.abstract_params(cfg), params)
+               transformer.abstract_params(cfg), params)
   return jax.tree.map(lambda x: jnp.asarray(np.ascontiguousarray(x)), params)
 
 
@@ -240,7 +240,7 @@ def make_batch(bc: BenchConfig, seed: int = 1) -> dict[str, np.ndarray]:
 # ----------------------------------------------------------------------------- jax step
 
 
-def make_jax_step(bc: BenchConfig, params, arrays, cfg: model.ModelConfig):
+def make_jax_step(bc: BenchConfig, params, arrays, cfg: transformer.ModelConfig):
   """(train_step jitted as run_setup.build does it, its state, the TrainBatch, objective)."""
   optimizer = run_setup.make_optimizer(lr=LR, warmup_steps=0, b1=BETAS[0], b2=BETAS[1],
                                        weight_decay=WEIGHT_DECAY, grad_clip=GRAD_CLIP)
@@ -266,7 +266,7 @@ def make_jax_step(bc: BenchConfig, params, arrays, cfg: model.ModelConfig):
   return step, state, batch, objective
 
 
-def jax_loss_and_grad(params, batch: TrainBatch, objective, cfg: model.ModelConfig):
+def jax_loss_and_grad(params, batch: TrainBatch, objective, cfg: transformer.ModelConfig):
   """train_step's loss and (unclipped) gradient: update.loss_fn over the whole batch."""
   denominator = aggregation.denominators(batch.loss_mask_NxL, mode=objective.aggregation)
   fn = lambda p: update.loss_fn(p, batch, denominator, cfg=cfg, objective=objective)[0]

@@ -8,7 +8,7 @@ The loss is the vocabulary-touching part of every policy loss in rlreason: a tok
 Qwen2.5's vocabulary of 151,936, differentiated w.r.t. the final hidden states h (NxTxD) and
 the output projection w (DxV), all fp32:
 
-  naive    logits = model.logits_from_hidden(h) (NxTxV) -> token_stats.token_stats (log_softmax)
+  naive    logits = transformer.logits_from_hidden(h) (NxTxV) -> token_stats.token_stats (log_softmax)
   naive_lse  the leanest full-logits form: logsumexp(logits) − logits[token]
   chunked  token_stats.token_stats_from_hidden(h, w, tokens, token_chunk, vocab_chunk)
 
@@ -44,9 +44,9 @@ if __package__ in (None, ''):  # Run as a script: make `rlreason` importable.
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from rlreason import aggregation  # noqa: E402
-from rlreason import model  # noqa: E402
-from rlreason import token_stats  # noqa: E402
+from rlreason.model import transformer  # noqa: E402
+from rlreason.objectives import aggregation  # noqa: E402
+from rlreason.objectives import token_stats  # noqa: E402
 
 HIDDEN, VOCAB, SEQS, TOKENS = 512, 151_936, 8, 2048
 PATHS = ('naive', 'naive_lse', 'chunked')
@@ -55,7 +55,7 @@ GB = 1e9
 
 def _cfg():
   """Only the output projection matters here: the mid config's width, Qwen2.5's vocabulary."""
-  return model.ModelConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=1536,
+  return transformer.ModelConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=1536,
                            num_layers=1, num_heads=8, num_kv_heads=4, head_dim=64)
 
 
@@ -67,7 +67,7 @@ def make_loss(path: str, *, token_chunk: int, vocab_chunk: int):
       return token_stats.token_stats_from_hidden(
           h_NxTxD, w_DxV, tokens_NxT, token_chunk=token_chunk,
           vocab_chunk=vocab_chunk).logprobs_NxT
-    logits_NxTxV = model.logits_from_hidden({'lm_head': w_DxV}, h_NxTxD, cfg=cfg)
+    logits_NxTxV = transformer.logits_from_hidden({'lm_head': w_DxV}, h_NxTxD, cfg=cfg)
     if path == 'naive':
       return token_stats.token_stats(logits_NxTxV, tokens_NxT).logprobs_NxT
     picked_NxT = jnp.take_along_axis(logits_NxTxV, tokens_NxT[..., None], axis=-1)[..., 0]

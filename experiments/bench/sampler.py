@@ -51,10 +51,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from rlreason import model  # noqa: E402
-from rlreason import sampler  # noqa: E402
-from rlreason import sharding  # noqa: E402
-from rlreason import weights  # noqa: E402
+from rlreason.model import sharding  # noqa: E402
+from rlreason.model import transformer  # noqa: E402
+from rlreason.model import weights  # noqa: E402
+from rlreason.rollout import sampler  # noqa: E402
 from rlreason.structs import Prompts  # noqa: E402
 
 # The forward benchmark's configs (experiments/bench/forward.py), architecture only.
@@ -68,14 +68,14 @@ PROMPTS, GROUP, PROMPT_LEN, NEW_TOKENS = 8, 8, 64, 128
 PREFILL_GROUP, PREFILL_LEN = 16, 512
 
 
-def model_config(name: str) -> model.ModelConfig:
+def model_config(name: str) -> transformer.ModelConfig:
   c = CONFIGS[name]
-  return model.ModelConfig(**c, head_dim=c['hidden_size'] // c['num_heads'], qkv_bias=True,
+  return transformer.ModelConfig(**c, head_dim=c['hidden_size'] // c['num_heads'], qkv_bias=True,
                            tie_embeddings=False, family='qwen2', rope_theta=10_000.0,
                            rms_norm_eps=1e-6, max_position_embeddings=4096)
 
 
-def matmul_params(cfg: model.ModelConfig) -> int:
+def matmul_params(cfg: transformer.ModelConfig) -> int:
   """Weights that every decoded token multiplies (embedding lookup and norms excluded)."""
   d, h, k, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
   per_layer = d * h * dh + 2 * d * k * dh + h * dh * d + 3 * d * cfg.intermediate_size
@@ -157,7 +157,7 @@ class DecodeResult:
     return (self.jax_s[self.best] - self.jax_first_s[self.best]) / (NEW_TOKENS - 1)
 
 
-def layouts(cfg: model.ModelConfig, params):
+def layouts(cfg: transformer.ModelConfig, params):
   """{layout name: (params, mesh or None)}: one device, and rows data-parallel over all."""
   out = {'1 device': (jax.device_put(params, jax.devices()[0]), None)}
   n = jax.device_count()
@@ -179,7 +179,7 @@ def bench_decode(name: str, args) -> DecodeResult:
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   cfg = model_config(name)
-  params = model.init_params(cfg, jax.random.key(0))
+  params = transformer.init_params(cfg, jax.random.key(0))
   # Nonzero biases and norm scales, so that a mis-exported tensor shows in the logit check.
   leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
   params = treedef.unflatten([
@@ -196,7 +196,7 @@ def bench_decode(name: str, args) -> DecodeResult:
   tokens_torch = torch.from_numpy(tokens)
   with torch.no_grad():
     logits_torch = net(input_ids=tokens_torch).logits.numpy()
-  logits_jax = np.asarray(model.apply(params, prompts.tokens_BxP, cfg=cfg)[0])
+  logits_jax = np.asarray(transformer.apply(params, prompts.tokens_BxP, cfg=cfg)[0])
   diff = float(np.abs(logits_torch - logits_jax).max())
   print(f'[{name}] prompt logits |jax - torch| max = {diff:.1e}', flush=True)
   if diff > 1e-3:
@@ -242,7 +242,7 @@ def bench_decode(name: str, args) -> DecodeResult:
 def bench_prefill(name: str, args) -> tuple[float, float]:
   """Median seconds of shared and naive prefill calls (max_new_tokens=1)."""
   cfg = model_config(name)
-  params = model.init_params(cfg, jax.random.key(0))
+  params = transformer.init_params(cfg, jax.random.key(0))
   tokens = np.random.default_rng(2).integers(1, cfg.vocab_size, (PROMPTS, PREFILL_LEN))
   shared = Prompts(tokens_BxP=jnp.asarray(tokens, jnp.int32),
                    mask_BxP=jnp.ones(tokens.shape, bool))

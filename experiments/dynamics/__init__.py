@@ -8,7 +8,7 @@ and saves the figure under colab/figures/. Its notebook colab/<nn>_<name>.ipynb 
 drift apart: the notebook's cells are the module's import lines, the source of those
 functions, and the docstring's question and result.
 
-Deliberately not here: shared toy-loop code (rlreason/dynamics.py), the test that executes
+Deliberately not here: shared toy-loop code (rlreason/dynamics/bandit.py), the test that executes
 the notebooks (tests/colab_test.py).
 """
 

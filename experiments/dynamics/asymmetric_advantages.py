@@ -44,16 +44,16 @@ import numpy as np
 import optax
 
 from experiments import dynamics as studies
-from rlreason import advantage_transforms
-from rlreason import advantages
-from rlreason import dynamics
-from rlreason import losses
+from rlreason.dynamics import bandit
+from rlreason.objectives import advantage_transforms
+from rlreason.objectives import advantages
+from rlreason.objectives import losses
 
 
 def simulate(smoke: bool) -> dict:
   """GRPO and A-GRAE runs: per-prompt success, update size, unsampled-correct logit drift."""
   success_B = np.geomspace(0.02, 0.8, 8)
-  logits, correct = dynamics.difficulty_ladder(success_B=success_B, num_answers=64,
+  logits, correct = bandit.difficulty_ladder(success_B=success_B, num_answers=64,
                                                num_correct=4)
   iterations, seeds = (15, 2) if smoke else (300, 32)
 
@@ -62,11 +62,11 @@ def simulate(smoke: bool) -> dict:
 
   out = {'success0_B': success_B, 'methods': {}}
   for name, advantage_fn in (('GRPO', advantages.grpo), ('A-GRAE', a_grae)):
-    train = dynamics.make_train(
+    train = bandit.make_train(
         correct_BxLxV=correct, init_params=logits, advantage_fn=advantage_fn,
         loss_fn=losses.ppo_clip, optimizer=optax.sgd(2.0), group_size=8,
         num_iterations=iterations)
-    state, metrics = dynamics.run_seeds(train, seed=0, num_seeds=seeds)
+    state, metrics = bandit.run_seeds(train, seed=0, num_seeds=seeds)
     probs_RxBxV = np.asarray(jax.nn.softmax(state.params, -1))[:, :, 0]
     correct_probs_RxBx4 = probs_RxBxV[..., :4] / probs_RxBxV[..., :4].sum(-1, keepdims=True)
     out['methods'][name] = {
@@ -81,7 +81,7 @@ def simulate(smoke: bool) -> dict:
   out['ks'] = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256])
   for run in out['methods'].values():
     final_RxB = run['success_RxIxB'][:, -1]
-    run['pass_at_k_J'] = np.asarray(dynamics.pass_at_k_exact(final_RxB, ks=out['ks'])).mean((0, 1))
+    run['pass_at_k_J'] = np.asarray(bandit.pass_at_k_exact(final_RxB, ks=out['ks'])).mean((0, 1))
   return out
 
 
@@ -98,7 +98,7 @@ def figure(results: dict):
                         label=f'p₀={results["success0_B"][b]:.2f}')
     axes[0, col].set(title=f'{name}: success per prompt (median)', xlabel='iteration',
                      ylim=(0, 1.02))
-    share_IxB = dynamics.update_share(run['update_norm_RxIxB'])
+    share_IxB = bandit.update_share(run['update_norm_RxIxB'])
     axes[1, col].stackplot(x_I, share_IxB.T, colors=colors)
     axes[1, col].set(title=f'{name}: share of ‖Δlogits‖ per prompt (hard at the bottom)',
                      xlabel='iteration', ylim=(0, 1))
@@ -121,7 +121,7 @@ def summary(results: dict) -> str:
   lines = []
   for name, run in results['methods'].items():
     succ_B = np.median(run['success_RxIxB'][:, -1], 0)
-    share_IxB = dynamics.update_share(run['update_norm_RxIxB'])
+    share_IxB = bandit.update_share(run['update_norm_RxIxB'])
     n = share_IxB.shape[0]
     early_B, late_B = share_IxB[: max(1, n // 10)].mean(0), share_IxB[-max(1, n // 10):].mean(0)
     lines.append(

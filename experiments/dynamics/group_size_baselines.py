@@ -12,7 +12,7 @@ claim: N = 4 matches N = 32 with far fewer tokens and avoids gradient-norm blow-
 Runtime: full run ~3.5 min of CPU on 2 cores (5-10 min wall on the shared machine); smoke ~10 s
 of CPU, mostly compilation.
 
-Setup (rlreason.dynamics_lm, the task of study 1): S_3 composition with k uniform in 1..3,
+Setup (rlreason.dynamics.toy_lm, the task of study 1): S_3 composition with k uniform in 1..3,
 a 2-layer d = 32 decoder warm-started on the one-step product (300 SFT steps), then 500 RL
 steps of 16 prompts each for every method, the same seeds and warm start; Adam 1e-3, one
 on-policy update per batch. GRPO uses per-prompt std normalisation (advantages.grpo); OTB
@@ -46,24 +46,24 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from experiments import dynamics as studies
-from rlreason import dynamics
-from rlreason import dynamics_lm
+from rlreason.dynamics import bandit
+from rlreason.dynamics import toy_lm
 
 
 def simulate(smoke: bool) -> dict:
   """Runs GRPO at each group size and OTB at the smallest, from the same warm start."""
   max_k = 3
-  task = dynamics_lm.GroupTask.make('S3', max_k=max_k)
-  cfg = dynamics_lm.tiny_model(task, hidden=16 if smoke else 32, layers=1 if smoke else 2,
+  task = toy_lm.GroupTask.make('S3', max_k=max_k)
+  cfg = toy_lm.tiny_model(task, hidden=16 if smoke else 32, layers=1 if smoke else 2,
                                heads=2)
   steps, every, seeds = (4, 2, (0,)) if smoke else (500, 50, (0, 1, 2))
-  params_S = dynamics_lm.initial_params(task=task, model_cfg=cfg, seeds=seeds,
+  params_S = toy_lm.initial_params(task=task, model_cfg=cfg, seeds=seeds,
                                         sft_steps=10 if smoke else 300)
   # Same-shape runs share a compilation, so the smoke run keeps only N = 4.
   methods = [('grpo', 4), ('otb', 4)] + ([] if smoke else [('grpo', 8), ('grpo', 32)])
   runs = {}
   for estimator, group_size in methods:
-    runs[f'{estimator.upper()} N={group_size}'] = dynamics_lm.train(
+    runs[f'{estimator.upper()} N={group_size}'] = toy_lm.train(
         task=task, difficulties=tuple(range(1, max_k + 1)), estimator=estimator,
         group_size=group_size, prompts_per_step=4 if smoke else 16, steps=steps,
         eval_every=every, model_cfg=cfg, seeds=seeds, lr=1e-3,
@@ -84,12 +84,12 @@ def figure(results: dict):
   for name, h in results['runs'].items():
     acc_SxE = h.eval_acc_SxExK.mean(-1)
     tokens_E = np.concatenate([[0], h.tokens_T()[h.eval_steps_E[1:] - 1]])
-    line = dynamics.plot_band(axes[0], tokens_E, acc_SxE, label=name)
+    line = bandit.plot_band(axes[0], tokens_E, acc_SxE, label=name)
     color = line.get_color()
-    dynamics.plot_band(axes[1], h.eval_steps_E, acc_SxE, label=name, color=color)
+    bandit.plot_band(axes[1], h.eval_steps_E, acc_SxE, label=name, color=color)
     steps_T = np.arange(1, h.train['grad_norm'].shape[1] + 1)
     for ax, key in zip(axes[2:], ('grad_norm', 'total_power', 'zero_std_frac')):
-      dynamics.plot_band(ax, steps_T, smooth(h.train[key], 10), label=name, color=color)
+      bandit.plot_band(ax, steps_T, smooth(h.train[key], 10), label=name, color=color)
   for ax in axes[:2]:
     ax.axhline(results['chance'], color='grey', lw=0.8, ls='--')
   axes[0].set(xscale='log', xlabel='completion tokens consumed',
@@ -114,7 +114,7 @@ def summary(results: dict) -> str:
     acc_SxE = h.eval_acc_SxExK.mean(-1)
     lines.append(
         f'{name}: accuracy {np.median(acc_SxE[:, 0]):.3f} -> {np.median(acc_SxE[:, -1]):.3f} '
-        f'(seeds {dynamics_lm.rounded(acc_SxE[:, -1], 3)}), tokens {h.tokens_T()[-1]:.3g}, '
+        f'(seeds {toy_lm.rounded(acc_SxE[:, -1], 3)}), tokens {h.tokens_T()[-1]:.3g}, '
         f'mean grad norm {h.train["grad_norm"].mean():.3g} (max {h.train["grad_norm"].max():.3g}), '
         f'mean noise proxy {h.train["noise"].mean():.3g} '
         f'(relative {np.mean(h.train["noise"] / np.maximum(h.train["signal"], 1e-12)):.3g}), '

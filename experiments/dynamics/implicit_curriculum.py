@@ -12,7 +12,7 @@ spectrum (only k = 1 and k = K), does the hard level sit on a long plateau befor
 Runtime: full run ~4.5 min of CPU on 2 cores (10 min wall on the shared machine); smoke ~10 s
 of CPU, mostly compilation.
 
-Setup (rlreason.dynamics_lm; algorithms.md §24 leaves the group, sizes and format unknown,
+Setup (rlreason.dynamics.toy_lm; algorithms.md §24 leaves the group, sizes and format unknown,
 so these are our choices): S_3 (|G| = 6, chance 1/6 at every k), K = 4; a 2-layer, d = 32
 decoder; prompt = a K-slot register g_1..g_k + blanks, then s_0 = e; the policy writes
 s_1..s_k and is rewarded 1 iff s_k is right. The paper's pre-trained one-step skill is a
@@ -21,7 +21,7 @@ multi-element fetch); then the whole model trains by GRPO (G = 8, 32 prompts a s
 1e-3, one on-policy update per batch, seq-mean-token-mean), the same seeds and warm start for
 both spectra; 1200 RL steps; greedy accuracy per k on 128 fixed problems per k every 50 steps;
 3 seeds.
-The jitted loop of rlreason.dynamics_lm is used instead of rlreason.train.train, measured
+The jitted loop of rlreason.dynamics.toy_lm is used instead of rlreason.rl.train.train, measured
 ~100x faster per step at this size (the trainer's verifier pool and text decoding dominate).
 
 Result: Partly the same direction as the paper, and only its first half. Easy levels are
@@ -46,23 +46,23 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from experiments import dynamics as studies
-from rlreason import dynamics
-from rlreason import dynamics_lm
+from rlreason.dynamics import bandit
+from rlreason.dynamics import toy_lm
 
 
 def simulate(smoke: bool) -> dict:
   """Per-difficulty accuracy over RL training for a smooth and a gapped spectrum."""
   max_k = 3 if smoke else 4
-  task = dynamics_lm.GroupTask.make('S3', max_k=max_k)
-  cfg = dynamics_lm.tiny_model(task, hidden=16 if smoke else 32, layers=1 if smoke else 2,
+  task = toy_lm.GroupTask.make('S3', max_k=max_k)
+  cfg = toy_lm.tiny_model(task, hidden=16 if smoke else 32, layers=1 if smoke else 2,
                                heads=2)
   steps, every, seeds = (4, 2, (0,)) if smoke else (1200, 50, (0, 1, 2))
-  params_S = dynamics_lm.initial_params(task=task, model_cfg=cfg, seeds=seeds,
+  params_S = toy_lm.initial_params(task=task, model_cfg=cfg, seeds=seeds,
                                         sft_steps=10 if smoke else 300)
   spectra = {'smooth': tuple(range(1, max_k + 1)), 'gap': (1, max_k)}
   runs = {}
   for name, difficulties in spectra.items():
-    runs[name] = dynamics_lm.train(
+    runs[name] = toy_lm.train(
         task=task, difficulties=difficulties, estimator='grpo', group_size=8,
         prompts_per_step=8 if smoke else 32, steps=steps, eval_every=every, model_cfg=cfg,
         seeds=seeds, lr=1e-3, eval_per_k=16 if smoke else 128, params_S=params_S)
@@ -84,7 +84,7 @@ def figure(results: dict):
     h = runs[name]
     for k in range(1, max_k + 1):
       style = '-' if k in results['spectra'][name] else ':'
-      line = dynamics.plot_band(ax, h.eval_steps_E, h.eval_acc_SxExK[:, :, k - 1],
+      line = bandit.plot_band(ax, h.eval_steps_E, h.eval_acc_SxExK[:, :, k - 1],
                                 label=f'k={k}' + ('' if style == '-' else ' (not trained)'),
                                 color=colors[k - 1])
       line.set_linestyle(style)
@@ -112,12 +112,12 @@ def summary(results: dict) -> str:
     med_ExK = np.median(h.eval_acc_SxExK, 0)
     first = [first_step_above(h.eval_steps_E, med_ExK[:, k], 0.5) for k in range(med_ExK.shape[1])]
     lines.append(f'{name} {results["spectra"][name]}: acc after warm start '
-                 f'{dynamics_lm.rounded(med_ExK[0])}, final {dynamics_lm.rounded(med_ExK[-1])}, '
+                 f'{toy_lm.rounded(med_ExK[0])}, final {toy_lm.rounded(med_ExK[-1])}, '
                  f'first step >= 0.5 per k {first}')
     per_seed = [[first_step_above(h.eval_steps_E, h.eval_acc_SxExK[s, :, -1], 0.5)
                  for s in range(h.eval_acc_SxExK.shape[0])]]
     lines.append(f'  hardest k per seed: first step >= 0.5 {per_seed[0]}, final '
-                 f'{dynamics_lm.rounded(h.eval_acc_SxExK[:, -1, -1])}')
+                 f'{toy_lm.rounded(h.eval_acc_SxExK[:, -1, -1])}')
   return '\n'.join(lines)
 
 

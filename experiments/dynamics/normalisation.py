@@ -14,7 +14,7 @@ per-prompt variances become heterogeneous; at 7B the schemes are indistinguishab
 Runtime: full run ~2.5 min of CPU on 2 cores (5 min wall on the shared machine); smoke ~10 s
 of CPU, mostly compilation.
 
-Setup (rlreason.dynamics_lm, the task of study 1): S_3 composition with k uniform in 1..4 (so
+Setup (rlreason.dynamics.toy_lm, the task of study 1): S_3 composition with k uniform in 1..4 (so
 per-prompt success rates, hence σ_x, differ), a 2-layer d = 32 decoder warm-started on the
 one-step product (300 SFT steps), then 600 RL steps of 16 prompts x G = 8 for each scheme,
 every scheme from the same seeds and warm start: advantages.grpo (per-prompt std),
@@ -22,7 +22,7 @@ advantages.dr_grpo (mean-centred only), advantages.reinforce_pp_baseline (group 
 the batch std: the global normalisation; it was already in the library, so nothing was added). Adam 1e-3 with global-norm clipping at 1
 for all three; the aggregation (seq-mean-token-mean) is the same, so only the advantage scale
 per prompt differs. Heterogeneity per step: std_cv = std/mean of σ_x over prompts with σ_x > 0
-(dynamics_lm.std_heterogeneity). 3 seeds. Note Adam divides out any global gradient scale,
+(toy_lm.std_heterogeneity). 3 seeds. Note Adam divides out any global gradient scale,
 so unnormalised and global differ only through the time variation of the batch std.
 
 Result: No difference at this scale, so neither the paper's 1.5B direction nor a contrary one.
@@ -48,24 +48,24 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from experiments import dynamics as studies
-from rlreason import dynamics
-from rlreason import dynamics_lm
+from rlreason.dynamics import bandit
+from rlreason.dynamics import toy_lm
 
 
 def simulate(smoke: bool) -> dict:
   """The three normalisation schemes from the same warm start and seeds."""
   max_k = 3 if smoke else 4
-  task = dynamics_lm.GroupTask.make('S3', max_k=max_k)
-  cfg = dynamics_lm.tiny_model(task, hidden=16 if smoke else 32, layers=1 if smoke else 2,
+  task = toy_lm.GroupTask.make('S3', max_k=max_k)
+  cfg = toy_lm.tiny_model(task, hidden=16 if smoke else 32, layers=1 if smoke else 2,
                                heads=2)
   steps, every, seeds = (4, 2, (0,)) if smoke else (600, 50, (0, 1, 2))
-  params_S = dynamics_lm.initial_params(task=task, model_cfg=cfg, seeds=seeds,
+  params_S = toy_lm.initial_params(task=task, model_cfg=cfg, seeds=seeds,
                                         sft_steps=10 if smoke else 300)
   schemes = {'per-prompt std (GRPO)': 'grpo', 'unnormalised (Dr. GRPO)': 'dr_grpo',
              'global std (REINFORCE++-baseline)': 'global'}
   runs = {}
   for name, estimator in schemes.items():
-    runs[name] = dynamics_lm.train(
+    runs[name] = toy_lm.train(
         task=task, difficulties=tuple(range(1, max_k + 1)), estimator=estimator, group_size=8,
         prompts_per_step=4 if smoke else 16, steps=steps, eval_every=every, model_cfg=cfg,
         seeds=seeds, lr=1e-3, eval_per_k=16 if smoke else 128, params_S=params_S)
@@ -94,12 +94,12 @@ def figure(results: dict):
   names = list(runs)
   fig, axes = plt.subplots(1, 4, figsize=(19, 4))
   for name, h in runs.items():
-    line = dynamics.plot_band(axes[0], h.eval_steps_E, h.eval_acc_SxExK.mean(-1), label=name)
+    line = bandit.plot_band(axes[0], h.eval_steps_E, h.eval_acc_SxExK.mean(-1), label=name)
     every = int(h.eval_steps_E[1])
     mid_E = h.eval_steps_E[1:] - every / 2
-    dynamics.plot_band(axes[1], mid_E, block_mean(h.train['std_cv'], every), label=name,
+    bandit.plot_band(axes[1], mid_E, block_mean(h.train['std_cv'], every), label=name,
                        color=line.get_color())
-    dynamics.plot_band(axes[2], mid_E, block_mean(h.train['std_mean'], every), label=name,
+    bandit.plot_band(axes[2], mid_E, block_mean(h.train['std_mean'], every), label=name,
                        color=line.get_color())
   axes[0].axhline(results['chance'], color='grey', lw=0.8, ls='--')
   axes[0].set(xlabel='RL step', ylabel='greedy accuracy (mean over k)', title='accuracy')
@@ -129,10 +129,10 @@ def summary(results: dict) -> str:
     acc_SxE = h.eval_acc_SxExK.mean(-1)
     lines.append(
         f'{name}: accuracy {np.median(acc_SxE[:, 0]):.3f} -> {np.median(acc_SxE[:, -1]):.3f} '
-        f'(seeds {dynamics_lm.rounded(acc_SxE[:, -1], 3)}), steps to 0.5 {steps_to(h, 0.5)}, '
+        f'(seeds {toy_lm.rounded(acc_SxE[:, -1], 3)}), steps to 0.5 {steps_to(h, 0.5)}, '
         f'to 0.7 {steps_to(h, 0.7)}, mean std_cv {h.train["std_cv"].mean():.3f}, '
         f'mean σ_x {h.train["std_mean"].mean():.3f}, '
-        f'final per-k {dynamics_lm.rounded(np.median(h.eval_acc_SxExK[:, -1], 0))}')
+        f'final per-k {toy_lm.rounded(np.median(h.eval_acc_SxExK[:, -1], 0))}')
   return '\n'.join(lines)
 
 

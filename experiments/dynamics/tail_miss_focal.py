@@ -55,11 +55,11 @@ import numpy as np
 import optax
 
 from experiments import dynamics as studies
-from rlreason import advantage_transforms
-from rlreason import advantages
-from rlreason import dynamics
-from rlreason import evaluate
-from rlreason import losses
+from rlreason.dynamics import bandit
+from rlreason.objectives import advantage_transforms
+from rlreason.objectives import advantages
+from rlreason.objectives import losses
+from rlreason.rl import evaluate
 
 
 def simulate(smoke: bool) -> dict:
@@ -71,13 +71,13 @@ def simulate(smoke: bool) -> dict:
   num_groups = 2_000 if smoke else 50_000
   out['tail_exact'] = [np.asarray(advantage_transforms.tail_miss_probability(
       np.array(out['group_sizes']), mu=mu, tau=tau)) for mu, tau in out['mu_tau']]
-  out['tail_mc'] = [np.asarray(dynamics.tail_miss_monte_carlo(
+  out['tail_mc'] = [np.asarray(bandit.tail_miss_monte_carlo(
       jax.random.key(i), group_sizes=out['group_sizes'], mu=mu, tau=tau, num_groups=num_groups))
       for i, (mu, tau) in enumerate(out['mu_tau'])]
   out['tail_num_groups'] = num_groups
 
   # 2. One prompt: GRPO and F-GRPO (γ traced, one compilation for every γ) at each N.
-  logits, correct = dynamics.two_answer_bandit(num_answers=256, common_mass=0.25, rare_mass=0.02)
+  logits, correct = bandit.two_answer_bandit(num_answers=256, common_mass=0.25, rare_mass=0.02)
   iterations, seeds = (20, 4) if smoke else (300, 64)
   out['gammas'] = np.array([0.0, 0.5, 1.0])
   out['runs'] = {}
@@ -86,13 +86,13 @@ def simulate(smoke: bool) -> dict:
       def focal_grpo(rewards_BxG):
         return advantage_transforms.focal_scale(advantages.grpo(rewards_BxG), rewards_BxG,
                                                 gamma=gamma)
-      return dynamics.make_train(
+      return bandit.make_train(
           correct_BxLxV=correct, init_params=logits, advantage_fn=focal_grpo,
           loss_fn=losses.ppo_clip, optimizer=optax.sgd(0.5), group_size=group_size,
           num_iterations=iterations, record_probs=True)(key)
 
     gammas = out['gammas'] if group_size == 8 else out['gammas'][:1]
-    state, metrics = dynamics.run_grid(train_for, jnp.asarray(gammas), seed=0, num_seeds=seeds)
+    state, metrics = bandit.run_grid(train_for, jnp.asarray(gammas), seed=0, num_seeds=seeds)
     probs_CxRxIxV = np.asarray(metrics['probs_BxLxV'])[:, :, :, 0, 0]
     out['runs'][group_size] = {
         'common_CxRxI': probs_CxRxIxV[..., 0], 'rare_CxRxI': probs_CxRxIxV[..., 1],
@@ -104,7 +104,7 @@ def simulate(smoke: bool) -> dict:
   # 0 and 1 are correct, on 2 "hard" ones only answer 1 (the globally rare one) is, so pushing
   # the shared logits towards answer 0 on easy prompts hurts the hard ones.
   num_easy, num_hard = 6, 2
-  shared_logits, _ = dynamics.two_answer_bandit(num_answers=64, common_mass=0.25, rare_mass=0.02)
+  shared_logits, _ = bandit.two_answer_bandit(num_answers=64, common_mass=0.25, rare_mass=0.02)
   params = {'shared_V': shared_logits[0, 0], 'own_BxLxV': jnp.zeros((num_easy + num_hard, 1, 64))}
   shared_correct = np.zeros((num_easy + num_hard, 1, 64), np.float32)
   shared_correct[:num_easy, 0, :2] = 1.0
@@ -117,17 +117,17 @@ def simulate(smoke: bool) -> dict:
     def focal_grpo(rewards_BxG):
       return advantage_transforms.focal_scale(advantages.grpo(rewards_BxG), rewards_BxG,
                                               gamma=gamma)
-    return dynamics.make_train(
+    return bandit.make_train(
         correct_BxLxV=shared_correct, init_params=params, advantage_fn=focal_grpo,
         loss_fn=losses.ppo_clip, optimizer=optax.sgd(0.5), group_size=8,
         num_iterations=iterations, logits_fn=shared_logits_fn)(key)
 
-  _, metrics = dynamics.run_grid(shared_train_for, jnp.asarray(out['gammas']), seed=0,
+  _, metrics = bandit.run_grid(shared_train_for, jnp.asarray(out['gammas']), seed=0,
                                  num_seeds=seeds)
   success_CxRxIxB = np.asarray(metrics['success_B'])
   out['shared'] = {
       'num_easy': num_easy,
-      'success0_B': np.asarray(dynamics.success_probability(shared_logits_fn(params),
+      'success0_B': np.asarray(bandit.success_probability(shared_logits_fn(params),
                                                             shared_correct)),
       'easy_CxRxI': success_CxRxIxB[..., :num_easy].mean(-1),
       'hard_CxRxI': success_CxRxIxB[..., num_easy:].mean(-1),
@@ -139,14 +139,14 @@ def simulate(smoke: bool) -> dict:
   out['ks'] = 2 ** np.arange(9)
   n_samples = 256
   shared = out['shared']
-  shared['pass0_J'] = np.asarray(dynamics.pass_at_k_exact(shared['success0_B'], ks=out['ks'])
+  shared['pass0_J'] = np.asarray(bandit.pass_at_k_exact(shared['success0_B'], ks=out['ks'])
                                  ).mean(0)
-  shared['pass_CxJ'] = np.asarray(dynamics.pass_at_k_exact(shared['final_CxRxB'], ks=out['ks'])
+  shared['pass_CxJ'] = np.asarray(bandit.pass_at_k_exact(shared['final_CxRxB'], ks=out['ks'])
                                   ).mean((1, 2))
   for group_size, run in out['runs'].items():
     total_CxR = run['common_CxRxI'][..., -1] + run['rare_CxRxI'][..., -1]
-    run['pass_total_CxJ'] = np.asarray(dynamics.pass_at_k_exact(total_CxR, ks=out['ks'])).mean(1)
-    run['pass_rare_CxJ'] = np.asarray(dynamics.pass_at_k_exact(
+    run['pass_total_CxJ'] = np.asarray(bandit.pass_at_k_exact(total_CxR, ks=out['ks'])).mean(1)
+    run['pass_rare_CxJ'] = np.asarray(bandit.pass_at_k_exact(
         run['rare_CxRxI'][..., -1], ks=out['ks'])).mean(1)
     draws_CxRxS = np.asarray(jax.random.categorical(
         jax.random.key(1), run['final_logits_CxRxV'][:, :, None], shape=(
@@ -176,9 +176,9 @@ def figure(results: dict):
     run = results['runs'][n]
     x_I = np.arange(1, run['rare_CxRxI'].shape[-1] + 1)
     total_RxI = run['common_CxRxI'][c] + run['rare_CxRxI'][c]
-    line = dynamics.plot_band(axes[0, 1], x_I, total_RxI, label=label)
+    line = bandit.plot_band(axes[0, 1], x_I, total_RxI, label=label)
     color = line.get_color()
-    dynamics.plot_band(axes[0, 2], x_I, run['rare_CxRxI'][c], label=label, color=color)
+    bandit.plot_band(axes[0, 2], x_I, run['rare_CxRxI'][c], label=label, color=color)
     axes[1, 0].plot(np.median(total_RxI, 0), np.median(run['rare_CxRxI'][c], 0), color=color,
                     label=label)
     axes[1, 1].plot(x_I, np.cumsum(run['unsampled_delta_CxRxI'][c].mean(0)), color=color,
@@ -201,8 +201,8 @@ def figure(results: dict):
   for c, gamma in enumerate(results['gammas']):
     label = f'γ={gamma:g}' + (' (GRPO)' if gamma == 0 else '')
     x_I = np.arange(1, shared['easy_CxRxI'].shape[-1] + 1)
-    line = dynamics.plot_band(axes[2, 0], x_I, shared['easy_CxRxI'][c], label=label)
-    dynamics.plot_band(axes[2, 1], x_I, shared['hard_CxRxI'][c], label=label,
+    line = bandit.plot_band(axes[2, 0], x_I, shared['easy_CxRxI'][c], label=label)
+    bandit.plot_band(axes[2, 1], x_I, shared['hard_CxRxI'][c], label=label,
                        color=line.get_color())
     axes[2, 2].plot(results['ks'], shared['pass_CxJ'][c], color=line.get_color(), label=label)
   axes[2, 0].set(xlabel='iteration', ylabel='success',

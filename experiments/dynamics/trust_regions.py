@@ -49,22 +49,22 @@ import numpy as np
 import optax
 
 from experiments import dynamics as studies
-from rlreason import advantages
-from rlreason import dynamics
-from rlreason import losses
-from rlreason import trust_region
+from rlreason.dynamics import bandit
+from rlreason.objectives import advantages
+from rlreason.objectives import losses
+from rlreason.objectives import trust_region
 
 
 def simulate(smoke: bool) -> dict:
   """Each method at each learning rate: metrics with axes [lr, seed, iteration]."""
-  logits, correct = dynamics.difficulty_ladder(
+  logits, correct = bandit.difficulty_ladder(
       success_B=np.linspace(0.05, 0.4, 8), num_answers=16, num_correct=1, position_count=4)
   iterations, seeds = (10, 2) if smoke else (150, 32)
   group_size = 8
   lrs = np.array([0.01, 0.1, 1.0])
 
   def train_for(hparams, key, loss_fn):
-    return dynamics.make_train(
+    return bandit.make_train(
         correct_BxLxV=correct, init_params=logits, advantage_fn=advantages.grpo,
         loss_fn=functools.partial(loss_fn, **hparams['loss']),
         optimizer=optax.adam(hparams['lr']), group_size=group_size, num_iterations=iterations,
@@ -91,7 +91,7 @@ def simulate(smoke: bool) -> dict:
     grid = {'lr': jnp.tile(jnp.asarray(lrs), len(names)),
             'loss': {k: jnp.repeat(jnp.asarray([o[k] for o in options], jnp.float32), len(lrs))
                      for k in options[0]}}
-    state, metrics = dynamics.run_grid(functools.partial(train_for, loss_fn=loss_fn), grid,
+    state, metrics = bandit.run_grid(functools.partial(train_for, loss_fn=loss_fn), grid,
                                        seed=0, num_seeds=seeds)
     probs_CxRxBxLxV = jax.nn.softmax(state.params, -1)
     # A position has collapsed onto a wrong answer when one wrong choice holds > 0.99.
@@ -114,10 +114,10 @@ def figure(results: dict):
   for name, run in results['methods'].items():
     for c, lr in enumerate(lrs):
       x_I = np.arange(1, run['success_CxRxI'].shape[-1] + 1)
-      line = dynamics.plot_band(axes[0, c], x_I, run['success_CxRxI'][c], label=name)
-      dynamics.plot_band(axes[1, c], x_I, run['entropy_CxRxI'][c], label=name,
+      line = bandit.plot_band(axes[0, c], x_I, run['success_CxRxI'][c], label=name)
+      bandit.plot_band(axes[1, c], x_I, run['entropy_CxRxI'][c], label=name,
                          color=line.get_color())
-      dynamics.plot_band(axes[2, c], x_I, np.maximum(run['kl_CxRxI'][c], 1e-6), label=name,
+      bandit.plot_band(axes[2, c], x_I, np.maximum(run['kl_CxRxI'][c], 1e-6), label=name,
                          color=line.get_color())
       axes[0, c].set(title=f'Adam lr {lr:g}: expected reward', ylim=(0, 1.02))
       axes[1, c].set(title='mean per-position entropy (nats)')

@@ -39,13 +39,20 @@ class Task:
   problem_key: Callable[[Example], str]
   default_difficulty: int
   chars: str
+  behaviour_mode: Callable[[str], int] | None = None  # IFPO's mode of a completion, if any
 
 
 TASKS = {
     module.NAME: Task(name=module.NAME, generate=module.generate, problem_key=module.problem_key,
-                      default_difficulty=module.DEFAULT_DIFFICULTY, chars=module.CHARS)
+                      default_difficulty=module.DEFAULT_DIFFICULTY, chars=module.CHARS,
+                      behaviour_mode=getattr(module, 'behaviour_mode', None))
     for module in (arithmetic, countdown, group_composition, policy_recall)
 }
+
+
+def behaviour_mode_fn(task: str) -> Callable[[str], int] | None:
+  """The synthetic task's `behaviour_mode(completion) -> int` (IFPO's modes), or None."""
+  return TASKS[task].behaviour_mode if task in TASKS else None
 
 
 def get_task(name: str) -> Task:

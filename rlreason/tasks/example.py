@@ -67,3 +67,13 @@ def split_of_key(task: str, problem_key: str, *,
   digest = hashlib.sha256(f'{task}\0{problem_key}'.encode()).digest()
   u = int.from_bytes(digest[:8], 'big') / 2.0**64
   return HELD_OUT if u < held_out_fraction else TRAIN
+
+
+def verifier_item(example: Example, completion: str, *, num_tokens: int, max_len: int,
+                  cache_len: int, penalty_factor: float) -> dict:
+  """The item a verifier scores: completion, gold answer and the example's meta fields, plus
+  the token counts the loop knows (the `overlong` verifier reads num_tokens, max_len,
+  cache_len and penalty_factor; the others ignore them)."""
+  return {'completion': completion, 'answer': example.answer, **example.meta,
+          'num_tokens': num_tokens, 'max_len': max_len, 'cache_len': cache_len,
+          'penalty_factor': penalty_factor}

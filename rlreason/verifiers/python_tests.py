@@ -50,16 +50,16 @@ LIMITS = sandbox.Limits(cpu_s=3, wall_s=6.0)
 MODES = ('isolated', 'in_process')
 _CODE_TAGS = ('', 'python', 'py', 'python3')
 
-# Evaluates the probes in the solution's namespace; one tagged line per probe. The tag is
-# not a secret that protects anything (the solution can read it): it only keeps the
-# solution's own prints from being parsed as records.
-_PROBE_RUNNER = r'''
+# Every runner starts here: the spec from the stdin pipe (then closed), the solution
+# compiled, `send` for tagged records, `fatal` for the limits the sandbox reports itself.
+# The tag is not a secret that protects anything (the solution can read it): it only keeps
+# the solution's own prints from being parsed as records.
+_PREAMBLE = r'''
 import contextlib, errno, io, json, os, sys
 spec = json.loads(sys.stdin.read())
 sys.stdin.close()
 os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
 out = os.dup(1)
-%(encoder)s
 
 def send(**fields):
   os.write(out, ('\n' + spec['tag'] + ' ' + json.dumps(fields) + '\n').encode())
@@ -68,59 +68,47 @@ def fatal(e):
   # Resource limits end the run (the sandbox reports them); they are not test failures.
   return isinstance(e, MemoryError) or (isinstance(e, OSError) and e.errno == errno.EFBIG)
 
+def described(e):
+  return (type(e).__name__ + ': ' + str(e))[:200]
+
 class Capped(io.StringIO):
   def write(self, s):
     return super().write(s) if self.tell() < 1 << 20 else len(s)
-
-def quiet(fn, *args):
-  with contextlib.redirect_stdout(Capped()):
-    return fn(*args)
 
 try:
   code = compile(spec['solution'], 'solution.py', 'exec')
 except (SyntaxError, ValueError) as e:
   send(compile_error=str(e)[:300])
   sys.exit(0)
+'''
+
+# Evaluates the probes in the solution's namespace; one record per probe.
+_PROBE_RUNNER = _PREAMBLE + inspect.getsource(test_probes.encode_value) + r'''
+def quiet(fn, *args):
+  with contextlib.redirect_stdout(Capped()):
+    return fn(*args)
+
 namespace = {'__name__': 'solution'}
 try:
   quiet(exec, code, namespace)
 except BaseException as e:
   if fatal(e):
     raise
-  send(solution_error=(type(e).__name__ + ': ' + str(e))[:200])
+  send(solution_error=described(e))
 for i, source in enumerate(spec['probes']):
   try:
-    value = encode_value(quiet(eval, compile(source, 'probe', 'eval'), namespace))
-    send(i=i, value=value)
+    send(i=i, value=encode_value(quiet(eval, compile(source, 'probe', 'eval'), namespace)))
   except BaseException as e:
     if fatal(e):
       raise
-    send(i=i, error=(type(e).__name__ + ': ' + str(e))[:200])
-''' % {'encoder': inspect.getsource(test_probes.encode_value)}
+    send(i=i, error=described(e))
+'''
 
 # Runs the script once per io case, in a fresh namespace, and sends back what it printed.
-_IO_RUNNER = r'''
-import contextlib, errno, io, json, os, sys
-spec = json.loads(sys.stdin.read())
-sys.stdin.close()
-os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-out = os.dup(1)
-
-def send(**fields):
-  os.write(out, ('\n' + spec['tag'] + ' ' + json.dumps(fields) + '\n').encode())
-
-def fatal(e):
-  return isinstance(e, MemoryError) or (isinstance(e, OSError) and e.errno == errno.EFBIG)
-
-class Capped(io.StringIO):
-  def write(self, s):
-    return super().write(s) if self.tell() < 1 << 20 else len(s)
-
-code = compile(spec['solution'], 'solution.py', 'exec')
+_IO_RUNNER = _PREAMBLE + r'''
 for i, stdin in enumerate(spec['inputs']):
   sys.stdin = io.StringIO(stdin)
-  buf = Capped()
-  error = None
+  buf, error = Capped(), None
   with contextlib.redirect_stdout(buf):
     try:
       exec(code, {'__name__': '__main__'})
@@ -130,43 +118,21 @@ for i, stdin in enumerate(spec['inputs']):
     except BaseException as e:
       if fatal(e):
         raise
-      error = (type(e).__name__ + ': ' + str(e))[:200]
-  send(i=i, stdout=buf.getvalue()[:1 << 20], error=error)
+      error = described(e)
+  send(i=i, stdout=buf.getvalue(), error=error)
 '''
 
 # test_mode='in_process': free-form tests in the solution's namespace (trusted; see above).
-_IN_PROCESS_RUNNER = r'''
-import contextlib, errno, io, json, os, sys
-spec = json.loads(sys.stdin.read())
-sys.stdin.close()
-os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-out = os.dup(1)
-
-def report(**fields):
-  os.write(out, ('\n' + spec['tag'] + ' ' + json.dumps(fields) + '\n').encode())
-
-def fatal(e):
-  return isinstance(e, MemoryError) or (isinstance(e, OSError) and e.errno == errno.EFBIG)
-
-try:
-  code = compile(spec['solution'], 'solution.py', 'exec')
-except (SyntaxError, ValueError) as e:
-  report(compile_error=str(e)[:300])
-  sys.exit(0)
+_IN_PROCESS_RUNNER = _PREAMBLE + r'''
 namespace = {'__name__': 'solution'}
 passed, failures = 0, []
-
-class Capped(io.StringIO):
-  def write(self, s):
-    return super().write(s) if self.tell() < 1 << 20 else len(s)
-
 with contextlib.redirect_stdout(Capped()):
   try:
     exec(code, namespace)
   except BaseException as e:
     if fatal(e):
       raise
-    failures.append('solution raised ' + repr(e)[:200])
+    failures.append('solution raised ' + described(e))
   for test in spec['tests']:
     try:
       exec(compile(test, 'test', 'exec'), namespace)
@@ -174,8 +140,8 @@ with contextlib.redirect_stdout(Capped()):
     except BaseException as e:
       if fatal(e):
         raise
-      failures.append((test[:100], repr(e)[:100]))
-report(passed=passed, failures=failures[:3])
+      failures.append((test[:100], described(e)[:100]))
+send(passed=passed, failures=failures[:3])
 '''
 
 

@@ -38,8 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from rlreason import aggregation
-from rlreason import kl
+from rlreason.objectives import aggregation
+from rlreason.objectives import kl
 
 Array = jax.Array
 
@@ -189,7 +189,7 @@ def bandit_iteration(state: BanditState, key: Array, *, correct_BxLxV, advantage
 
   Metrics (per prompt where the name ends in _B): `reward` (sampled mean), `success_B` (exact
   expected reward after the update), `entropy` (mean over prompts and positions),
-  `kl_behaviour` (exact KL(π_new ‖ π_behaviour), mean over prompts), `kl_k3` (rlreason.kl's k3
+  `kl_behaviour` (exact KL(π_new ‖ π_behaviour), mean over prompts), `kl_k3` (rlreason.objectives.kl's k3
   estimate of KL(π_behaviour ‖ π_new) on the sampled tokens), `update_norm_B` (‖Δlogits‖ per
   prompt), the loss's metrics of the last update under 'loss/', and for L = 1 the
   unsampled-correct answers' mass before / after (`unsampled_correct_mass_{before,after}`,

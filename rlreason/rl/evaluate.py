@@ -1,6 +1,6 @@
 """Held-out evaluation: pass@k (unbiased), mean@k and majority vote over k samples.
 
-  python -m rlreason.evaluate --config experiments/demo.py --workdir DIR [--step N] [--k 8]
+  python -m rlreason.rl.evaluate --config experiments/demo.py --workdir DIR [--step N] [--k 8]
       [--temperature 1.0] [--output FILE] [--export HF_DIR]
 
 restores the newest (or step N's) checkpoint in DIR, samples k completions per held-out
@@ -86,9 +86,9 @@ def sample_verdicts(run, params, *, k: int, temperature: float, rng):
   only its rows), so majority vote is then left out.
   """
   import jax
-  from rlreason import sampler
-  from rlreason.rl_batch import decode_completions, verify
-  from rlreason.run_setup import encode_prompts
+  from rlreason.rl.rl_batch import decode_completions, verify
+  from rlreason.rl.run_setup import encode_prompts
+  from rlreason.rollout import sampler
   examples, chunk = run.eval_examples, run.eval_chunk
   correct, answers, tokens = [], [], 0
   for start in range(0, len(examples), chunk):
@@ -136,7 +136,7 @@ def evaluate_checkpoint(config, workdir, *, step: int | None = None, from_best: 
   """The command line's work: restore, evaluate, write the JSON (and export); returns it."""
   import jax
   from rlreason import config as config_lib
-  from rlreason import run_setup
+  from rlreason.rl import run_setup
   workdir = pathlib.Path(workdir)
   config_lib.validate(config, num_devices=jax.device_count())
   k = k or config.eval.k

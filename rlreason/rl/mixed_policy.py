@@ -30,10 +30,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlreason import advantage_transforms
-from rlreason import checkpoint
-from rlreason import sampler
-from rlreason import sharding
+from rlreason.model import sharding
+from rlreason.objectives import advantage_transforms
+from rlreason.rl import checkpoint
+from rlreason.rl import rl_batch
+from rlreason.rollout import sampler
 from rlreason.structs import Prefixes, Rollout
 
 # fold_in constants for this module's keys: far above any decode-step index the sampler
@@ -131,8 +132,7 @@ def hapo_inject(run, rollout: Rollout, rewards_BxG, examples, *, step: int, key,
   tokens_BxL, mask_BxL, complete_B = teacher_completions(
       run.tok, [ex.solution for ex in examples], length=rollout.tokens_NxL.shape[1],
       pad_id=run.pad_id)
-  from rlreason.rl_batch import verify  # rl_batch imports this module's callers' pieces.
-  teacher_BxG, _ = verify(run, teacher_rollout(rollout.prompts, tokens_BxL, mask_BxL, complete_B),
+  teacher_BxG, _ = rl_batch.verify(run, teacher_rollout(rollout.prompts, tokens_BxL, mask_BxL, complete_B),
                           examples, progress=progress, params=params)
   teacher_B = teacher_BxG[:, 0]
   verified_B = open_B & (teacher_B >= h.success_reward)

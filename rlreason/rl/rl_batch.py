@@ -7,16 +7,21 @@ Deliberately not here: the loop (train.py), the estimators and losses themselves
 """
 
 import dataclasses
-import importlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlreason import advantage_transforms
-from rlreason import advantages
+from rlreason import config as config_lib
 from rlreason import multihost
+from rlreason import tasks
+from rlreason.objectives import advantage_transforms
+from rlreason.objectives import advantages
+from rlreason.rollout import judge as judge_lib
+from rlreason.rollout import sampler
 from rlreason.structs import Rollout, TrainBatch
+from rlreason.tasks import example as example_lib
+from rlreason.verifiers import overlong
 
 
 def decode_completions(run, rollout: Rollout) -> list[str]:
@@ -51,35 +56,15 @@ class Scores:
 
 def overlong_limits(config) -> dict:
   """L_max (the completion length), L_cache and the factor of DAPO's overlong penalty."""
-  from rlreason.run_setup import completion_length
-  o, max_len = config.overlong, completion_length(config)
+  o, max_len = config.overlong, config_lib.completion_length(config)
   return dict(max_len=max_len, cache_len=o.cache_len or max(1, max_len // 4),
               penalty_factor=o.penalty_factor)
 
 
-def behaviour_mode_fn(task: str):
-  """The synthetic task's `behaviour_mode(completion) -> int` (IFPO's modes), or None."""
-  from rlreason import tasks
-  if task not in tasks.TASKS:
-    return None
-  module = importlib.import_module(tasks.TASKS[task].generate.__module__)
-  return getattr(module, 'behaviour_mode', None)
-
-
 def _modes_N(texts, examples, first: int, g: int) -> np.ndarray:
-  fns = {ex.task: behaviour_mode_fn(ex.task) for ex in examples}
+  fns = {ex.task: tasks.behaviour_mode_fn(ex.task) for ex in examples}
   return np.array([-1 if fns[ex.task] is None else fns[ex.task](text) for ex, text in
                    ((examples[(first + n) // g], text) for n, text in enumerate(texts))], np.int32)
-
-
-def verifier_item(example, completion: str, *, num_tokens: int, max_len: int, cache_len: int,
-                  penalty_factor: float) -> dict:
-  """The item a verifier scores: completion, gold answer and the example's meta fields, plus
-  the token counts the loop knows (the `overlong` verifier reads num_tokens, max_len,
-  cache_len and penalty_factor; the others ignore them)."""
-  return {'completion': completion, 'answer': example.answer, **example.meta,
-          'num_tokens': num_tokens, 'max_len': max_len, 'cache_len': cache_len,
-          'penalty_factor': penalty_factor}
 
 
 def score(run, rollout: Rollout, examples, *, progress: float, params=None,
@@ -94,7 +79,8 @@ def score(run, rollout: Rollout, examples, *, progress: float, params=None,
   first = multihost.row_block(rollout.tokens_NxL.shape[0]).start  # Each host verifies its rows.
   lengths_N = multihost.local_rows(rollout.lengths_N)
   limits = overlong_limits(run.config)
-  items = [verifier_item(examples[(first + n) // g], text, num_tokens=int(lengths_N[n]), **limits)
+  items = [example_lib.verifier_item(examples[(first + n) // g], text,
+                                     num_tokens=int(lengths_N[n]), **limits)
            for n, text in enumerate(texts)]
   verdicts = multihost.gather_verdicts(run.pool.score(
       items, verifier=run.config.verifier.name, deadline_s=run.config.verifier.deadline_s))
@@ -106,7 +92,6 @@ def score(run, rollout: Rollout, examples, *, progress: float, params=None,
   metrics['verifier/latency_max_s'] = max(v.latency_s for v in verdicts)
   rewards_BxG = verifier_BxG
   if run.judge is not None and judge:
-    from rlreason import judge as judge_lib
     result = run.judge.score([examples[n // g].prompt for n in range(len(texts))], texts,
                              params=params)
     rewards_N, mix_metrics = judge_lib.combine(
@@ -115,7 +100,6 @@ def score(run, rollout: Rollout, examples, *, progress: float, params=None,
     rewards_BxG = np.array(rewards_N, np.float32).reshape(-1, g)
     metrics.update({**result.metrics(), **mix_metrics})
   if run.config.overlong.enabled:
-    from rlreason.verifiers import overlong
     all_lengths_N = multihost.gather_rows(lengths_N)
     penalty_BxG = np.array([overlong.overlong_penalty(int(n), **limits) for n in all_lengths_N],
                            np.float32).reshape(-1, g)
@@ -182,7 +166,6 @@ def dynamic_filter(rounds, num_groups: int, *, enabled: bool = True):
 def make_train_batch(run, params, rollout: Rollout, *, value_params=None):
   """TrainBatch with recomputed old (and reference) log-probs, and the critic's values when
   `value_params` is given; advantages (and GAE returns) are filled in later."""
-  from rlreason import sampler
   tokens_NxT, mask_NxT = sampler.sequences(rollout)
   length = rollout.tokens_NxL.shape[1]
   stats = run.logprobs(params, tokens_NxT, mask_NxT, length)

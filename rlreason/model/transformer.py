@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlreason import attention
+from rlreason.model import attention
 
 Params = Any  # nested dict of arrays, as returned by init_params.
 

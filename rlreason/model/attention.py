@@ -13,7 +13,7 @@ size T x T is saved between the passes, which is where autodiff of the dense for
 memory traffic.
 
 `cache_attention` is the other half: T new tokens against cached keys held in segments
-(see model.KVCache), some of them shared by groups of rows, combined in one softmax.
+(see transformer.KVCache), some of them shared by groups of rows, combined in one softmax.
 
 Deliberately not here: sliding windows, and an online softmax over key blocks in the
 training forward (each query block's keys are one array; that is what makes the forward a

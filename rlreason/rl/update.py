@@ -8,7 +8,7 @@ All are jittable with no I/O; the caller jits them with explicit shardings and d
 state. Log-probs of completion token l come from position P + l - 1 (P = T - L), computed
 chunk by chunk from the final hidden states (token_stats.py), so the NxTxV logits never exist.
 
-With a critic (Objective.value_coef > 0), the value head (model.init_value_head) sits on the
+With a critic (Objective.value_coef > 0), the value head (transformer.init_value_head) sits on the
 same final hidden states: the step adds value_coef x the clipped value loss, whose gradient
 reaches the head (its own optimizer and learning rate) and the shared trunk.
 
@@ -28,12 +28,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rlreason import aggregation
-from rlreason import kl
-from rlreason import losses
-from rlreason import model
-from rlreason import token_stats
-from rlreason.loss_diagnostics import policy_metrics
+from rlreason.model import transformer
+from rlreason.objectives import aggregation
+from rlreason.objectives import kl
+from rlreason.objectives import losses
+from rlreason.objectives import token_stats
+from rlreason.objectives.loss_diagnostics import policy_metrics
 from rlreason.structs import TrainBatch, TrainState
 
 
@@ -99,18 +99,18 @@ def state_shardings(abstract_state: TrainState, param_shardings, mesh):
                     value_opt_state=critic(abstract_state.value_opt_state))
 
 
-def _output_matrix(params, cfg: model.ModelConfig):
+def _output_matrix(params, cfg: transformer.ModelConfig):
   return params['embed'].T if cfg.tie_embeddings else params['lm_head']
 
 
 def _completion_hidden(params, tokens_NxT, mask_NxT, *, cfg, completion_len):
   """Hidden states NxLxD that predict completion token l (position P + l - 1)."""
   p = tokens_NxT.shape[1] - completion_len
-  h_NxTxD, _ = model.apply(params, tokens_NxT, cfg=cfg, mask_NxT=mask_NxT, return_hidden=True)
+  h_NxTxD, _ = transformer.apply(params, tokens_NxT, cfg=cfg, mask_NxT=mask_NxT, return_hidden=True)
   return h_NxTxD[:, p - 1:-1]
 
 
-def completion_stats(params, tokens_NxT, mask_NxT, *, cfg: model.ModelConfig,
+def completion_stats(params, tokens_NxT, mask_NxT, *, cfg: transformer.ModelConfig,
                      completion_len: int, temperature: float = 1.0, token_chunk: int = 512,
                      vocab_chunk: int = 8192, value_params=None):
   """Log-prob, entropy and sum of squared probs of each completion token (NxL), chunked.
@@ -125,18 +125,18 @@ def completion_stats(params, tokens_NxT, mask_NxT, *, cfg: model.ModelConfig,
       temperature=temperature, token_chunk=token_chunk, vocab_chunk=vocab_chunk)
   if value_params is None:
     return stats
-  return stats, model.values_from_hidden(value_params, h_NxLxD)
+  return stats, transformer.values_from_hidden(value_params, h_NxLxD)
 
 
-def values_step(params, value_params, tokens_NxT, mask_NxT, *, cfg: model.ModelConfig,
+def values_step(params, value_params, tokens_NxT, mask_NxT, *, cfg: transformer.ModelConfig,
                 completion_len: int):
   """The critic's values_NxL of the completion tokens (GAE's V), without gradients."""
   h_NxLxD = _completion_hidden(params, tokens_NxT, mask_NxT, cfg=cfg,
                                completion_len=completion_len)
-  return jax.lax.stop_gradient(model.values_from_hidden(value_params, h_NxLxD))
+  return jax.lax.stop_gradient(transformer.values_from_hidden(value_params, h_NxLxD))
 
 
-def logprobs_step(params, tokens_NxT, mask_NxT, *, cfg: model.ModelConfig, completion_len: int,
+def logprobs_step(params, tokens_NxT, mask_NxT, *, cfg: transformer.ModelConfig, completion_len: int,
                   temperature: float = 1.0) -> token_stats.TokenStats:
   """Old or reference log-probs (and OTB's per-token statistics), without gradients."""
   return jax.lax.stop_gradient(completion_stats(
@@ -159,7 +159,7 @@ def _policy_loss_kwargs(fn, batch: TrainBatch, objective: Objective) -> dict[str
   return kwargs
 
 
-def loss_fn(params, batch: TrainBatch, denominator, *, cfg: model.ModelConfig,
+def loss_fn(params, batch: TrainBatch, denominator, *, cfg: transformer.ModelConfig,
             objective: Objective, value_params=None):
   """Aggregated loss (already divided by the global denominator) and its metrics.
 
@@ -243,7 +243,7 @@ def accumulate_gradients(per_micro_loss, params, micro_batches, num: int):
   return loss, grads, jax.tree.map(lambda m: m.mean(0), metrics)
 
 
-def train_step(state: TrainState, batch: TrainBatch, *, cfg: model.ModelConfig,
+def train_step(state: TrainState, batch: TrainBatch, *, cfg: transformer.ModelConfig,
                objective: Objective, optimizer: optax.GradientTransformation,
                micro_batches: int = 1,
                value_optimizer: optax.GradientTransformation | None = None):
@@ -276,14 +276,14 @@ def train_step(state: TrainState, batch: TrainBatch, *, cfg: model.ModelConfig,
   return state, {**metrics, **step_metrics}
 
 
-def sft_step(state: TrainState, tokens_NxT, loss_mask_NxT, *, cfg: model.ModelConfig,
+def sft_step(state: TrainState, tokens_NxT, loss_mask_NxT, *, cfg: transformer.ModelConfig,
              optimizer: optax.GradientTransformation, micro_batches: int = 1):
   """Next-token cross-entropy on the tokens where loss_mask is set (the solution part)."""
   denominator = jnp.maximum(loss_mask_NxT[:, 1:].sum(dtype=jnp.float32), 1.0)
 
   def per_micro(params, micro):
     tokens, loss_mask = micro
-    logits = model.apply(params, tokens[:, :-1], cfg=cfg)[0]  # Right padding: causal, harmless.
+    logits = transformer.apply(params, tokens[:, :-1], cfg=cfg)[0]  # Right padding: causal, harmless.
     logp = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), tokens[:, 1:, None], -1)[..., 0]
     return -jnp.sum(jnp.where(loss_mask[:, 1:], logp, 0.0)) / denominator, {}
 

@@ -1,9 +1,9 @@
 """Tiny-transformer RL on finite-group composition, jitted end to end, for the dynamics studies.
 
-  task = dynamics_lm.GroupTask.make('S3', max_k=4)
-  cfg = dynamics_lm.tiny_model(task, hidden=32)
-  params_S = dynamics_lm.initial_params(task=task, model_cfg=cfg, seeds=(0, 1), sft_steps=300)
-  hist = dynamics_lm.train(task=task, difficulties=(1, 2, 3, 4), estimator='grpo',
+  task = toy_lm.GroupTask.make('S3', max_k=4)
+  cfg = toy_lm.tiny_model(task, hidden=32)
+  params_S = toy_lm.initial_params(task=task, model_cfg=cfg, seeds=(0, 1), sft_steps=300)
+  hist = toy_lm.train(task=task, difficulties=(1, 2, 3, 4), estimator='grpo',
                            group_size=8, prompts_per_step=32, steps=500, eval_every=25,
                            model_cfg=cfg, params_S=params_S, seeds=(0, 1))
   hist.eval_acc_SxExK  # greedy accuracy per seed, evaluation and difficulty k
@@ -14,7 +14,7 @@ on device, the reward is an exact comparison of token ids, so one step
 (sample -> reward -> advantages -> `update.train_step`) is one jitted function and
 `eval_every` steps are a `lax.scan` (the purejaxrl pattern). The difficulty mixture and the
 estimator are traced arguments, so a comparison compiles once per shape. On a 2-core CPU a
-step takes ~10-40 ms, against seconds for `rlreason.train.train`, whose verifier process
+step takes ~10-40 ms, against seconds for `rlreason.rl.train.train`, whose verifier process
 pool, text decoding and checkpoints dominate at this model size.
 
 Task format (our formalisation of algorithms.md §24, whose exact format is unknown): the group
@@ -27,13 +27,13 @@ before the query that writes s_i, one attention offset and one product table ser
 of every k: the per-step skill is shared across difficulties, which is what lets easy levels
 teach hard ones. Every reward is chance-level 1/|G| at initialisation, for every k.
 
-What the policy shares with the product: `model.apply` (the transformer), `update.train_step`
+What the policy shares with the product: `transformer.apply` (the transformer), `update.train_step`
 (loss, aggregation, Adam step, non-finite skip), `update.logprobs_step` (old log-probs and
 Σπ² for OTB), the estimators of `advantages`, `loss_diagnostics.otb_variance_proxies`.
 Deliberately not here: `sampler.generate` (its host-side checks of the prompts cannot run inside
 a scan; `decode` is its few-line core: prefill into `model`'s KV cache, then one token a step);
 the paper's frozen one-step MLP (`one_step_sft` teaches the product table by SFT instead, then
-the whole model trains); text tokenisation; plotting (the studies use `dynamics.plot_band`).
+the whole model trains); text tokenisation; plotting (the studies use `bandit.plot_band`).
 """
 
 import dataclasses
@@ -46,10 +46,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from rlreason import advantages
-from rlreason import loss_diagnostics
-from rlreason import model
-from rlreason import update
+from rlreason.model import transformer
+from rlreason.objectives import advantages
+from rlreason.objectives import loss_diagnostics
+from rlreason.rl import update
 from rlreason.structs import TrainBatch
 from rlreason.tasks import group_composition
 
@@ -150,7 +150,7 @@ def answers_B(problems: Problems) -> jax.Array:
   return jnp.take_along_axis(problems.states_BxK, problems.k_B[:, None] - 1, 1)[:, 0]
 
 
-def decode(params, tokens_NxP, key, *, cfg: model.ModelConfig, steps: int,
+def decode(params, tokens_NxP, key, *, cfg: transformer.ModelConfig, steps: int,
            temperature: float) -> jax.Array:
   """Appends `steps` tokens to each prompt (temperature 0: greedy): tokens_NxT, T = P + steps.
 
@@ -158,7 +158,7 @@ def decode(params, tokens_NxP, key, *, cfg: model.ModelConfig, steps: int,
   inputs, so it scans and vmaps.
   """
   n, p = tokens_NxP.shape
-  cache = model.init_cache(cfg, n, p + steps)
+  cache = transformer.init_cache(cfg, n, p + steps)
 
   def pick(logits_NxV, l):
     if temperature == 0:
@@ -166,15 +166,15 @@ def decode(params, tokens_NxP, key, *, cfg: model.ModelConfig, steps: int,
     return jax.random.categorical(jax.random.fold_in(key, l),
                                   logits_NxV / temperature).astype(jnp.int32)
 
-  logits_NxPxV, cache = model.apply(params, tokens_NxP, cfg=cfg, cache=cache)
+  logits_NxPxV, cache = transformer.apply(params, tokens_NxP, cfg=cfg, cache=cache)
   tok_N = pick(logits_NxPxV[:, -1], 0)
   out_NxL = jnp.zeros((n, steps), jnp.int32).at[:, 0].set(tok_N)
 
-  rope_table = model.rope_table(cfg, p + steps)
+  rope_table = transformer.rope_table(cfg, p + steps)
 
   def body(l, carry):
     cache, tok_N, out_NxL = carry
-    logits_Nx1xV, cache = model.apply(params, tok_N[:, None], cfg=cfg, cache=cache,
+    logits_Nx1xV, cache = transformer.apply(params, tok_N[:, None], cfg=cfg, cache=cache,
                                       rope_table=rope_table)
     tok_N = pick(logits_Nx1xV[:, 0], l)
     return cache, tok_N, out_NxL.at[:, l].set(tok_N)
@@ -217,7 +217,7 @@ def std_heterogeneity(rewards_BxG) -> dict[str, jax.Array]:
 
 
 def token_advantages(estimator: str, rewards_BxG, stats, mask_NxL) -> jax.Array:
-  """advantages_NxL from the named estimator of rlreason.advantages (0 off the mask).
+  """advantages_NxL from the named estimator of rlreason.objectives.advantages (0 off the mask).
 
   'grpo': per-prompt std normalisation; 'dr_grpo': mean-centred only (unnormalised
   REINFORCE with the group mean as baseline); 'global': group mean subtracted, then divided by
@@ -245,9 +245,9 @@ def _advantage_fns(group_size: int):
 
 
 def tiny_model(task: GroupTask, *, hidden: int = 64, layers: int = 2,
-               heads: int = 4) -> model.ModelConfig:
+               heads: int = 4) -> transformer.ModelConfig:
   """A Qwen2-style decoder sized for the task's vocabulary (head_dim = hidden / heads)."""
-  return model.ModelConfig(vocab_size=task.vocab_size, hidden_size=hidden,
+  return transformer.ModelConfig(vocab_size=task.vocab_size, hidden_size=hidden,
                            intermediate_size=2 * hidden, num_layers=layers, num_heads=heads,
                            num_kv_heads=heads, head_dim=hidden // heads,
                            max_position_embeddings=4 * task.prompt_len)
@@ -263,7 +263,7 @@ class Setting:
   task: GroupTask
   group_size: int
   prompts_per_step: int
-  model_cfg: model.ModelConfig
+  model_cfg: transformer.ModelConfig
   lr: float = 1e-3
   temperature: float = 1.0
   aggregation: str = 'seq_mean_token_mean'
@@ -329,7 +329,7 @@ def greedy_accuracy_K(params, problems: Problems, *, s: Setting) -> jax.Array:
   return per_difficulty_mean(correct_N, problems.k_B, s.task.max_k)
 
 
-def one_step_sft(params, key, *, task: GroupTask, cfg: model.ModelConfig, steps: int,
+def one_step_sft(params, key, *, task: GroupTask, cfg: transformer.ModelConfig, steps: int,
                  batch: int = 64, lr: float = 3e-3):
   """Supervised warm start of the one-step skill: s_1 = g_1 · s_0 for a random s_0.
 
@@ -371,7 +371,7 @@ class History:
     return np.cumsum(self.train['tokens'][0])
 
 
-def initial_params(*, task: GroupTask, model_cfg: model.ModelConfig, seeds: Sequence[int],
+def initial_params(*, task: GroupTask, model_cfg: transformer.ModelConfig, seeds: Sequence[int],
                    sft_steps: int = 0):
   """Seed-stacked parameters: random init (key fold 0), then `sft_steps` of `one_step_sft`.
 
@@ -381,7 +381,7 @@ def initial_params(*, task: GroupTask, model_cfg: model.ModelConfig, seeds: Sequ
   keys_S = jnp.stack([jax.random.key(seed) for seed in seeds])
 
   def init(key):
-    params = model.init_params(model_cfg, jax.random.fold_in(key, 0))
+    params = transformer.init_params(model_cfg, jax.random.fold_in(key, 0))
     if sft_steps:
       params = one_step_sft(params, jax.random.fold_in(key, 2), task=task, cfg=model_cfg,
                             steps=sft_steps)
@@ -403,7 +403,7 @@ def _compiled(s: Setting, per_k: int):
 
 
 def train(*, task: GroupTask, difficulties: Sequence[int], estimator: str, group_size: int,
-          prompts_per_step: int, steps: int, eval_every: int, model_cfg: model.ModelConfig,
+          prompts_per_step: int, steps: int, eval_every: int, model_cfg: transformer.ModelConfig,
           params_S, seeds: Sequence[int], lr: float = 1e-3, temperature: float = 1.0,
           aggregation: str = 'seq_mean_token_mean', eval_per_k: int = 128) -> History:
   """RL from `params_S` (from `initial_params`), `eval_every` jitted steps at a time.

@@ -3,7 +3,7 @@
   rollout = sampler.generate(params, prompts, cfg=cfg, group_size=8, max_new_tokens=256,
                              temperature=1.0, stop_tokens=(eos,), rng=key)
 
-The KV cache is a chain of segments (model.FrozenKV): the prompts' (B rows, each read by its
+The KV cache is a chain of segments (transformer.FrozenKV): the prompts' (B rows, each read by its
 G samples, so the prompt's keys are read once per group rather than G times), the prefixes'
 (if any), and one per decode chunk (`decode_chunks`), written by its own while_loop. A decode
 step reads only the segments filled so far: on the sampler benchmark (64 prompt tokens, 128
@@ -32,10 +32,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlreason import model
-from rlreason import sampling
-from rlreason import sharding
-from rlreason import tokenizer
+from rlreason.model import sharding
+from rlreason.model import tokenizer
+from rlreason.model import transformer
+from rlreason.rollout import sampling
 from rlreason.structs import Prefixes, Prompts, Rollout
 
 MAX_CHUNKS = 8  # Default while_loops per decode (see decode_chunks).
@@ -49,7 +49,7 @@ def prepare_prompts(token_lists: Sequence[Sequence[int]], *, buckets: Sequence[i
   return Prompts(tokens_BxP=jnp.asarray(tokens_BxP), mask_BxP=jnp.asarray(mask_BxP))
 
 
-def memory_estimate(cfg: model.ModelConfig, *, batch: int, group_size: int, prompt_len: int,
+def memory_estimate(cfg: transformer.ModelConfig, *, batch: int, group_size: int, prompt_len: int,
                     max_new_tokens: int, prefix_len: int = 0, cache_dtype=None,
                     num_devices: int = 1, max_chunks: int = MAX_CHUNKS) -> dict[str, int]:
   """Bytes per device of the sampler's large buffers (params assumed replicated per device
@@ -114,7 +114,7 @@ def _validate(prompts, cfg, group_size, max_new_tokens, temperature, top_k, top_
       raise ValueError('prefixes must be right-padded: a row has a gap before a real token.')
 
 
-def generate(params, prompts: Prompts, *, cfg: model.ModelConfig, group_size: int,
+def generate(params, prompts: Prompts, *, cfg: transformer.ModelConfig, group_size: int,
              max_new_tokens: int, rng: jax.Array, temperature: float = 1.0, top_k: int = 0,
              top_p: float = 1.0, stop_tokens: Sequence[int] = (), pad_id: int = 0,
              prefixes: Prefixes | None = None, cache_dtype: str | None = None,
@@ -209,13 +209,13 @@ def _generate(params, prompts, prefixes, temperature, rng, *, cfg, group_size, m
 
   # Prefill each prompt once. Its cache becomes a frozen segment that its G samples read
   # (prompt-major rows), never copied G times; each row's own tokens go to later segments.
-  prompt_cache = model.init_cache(cfg, b, p, cache_dtype)
-  h_BxPxD, prompt_cache = model.apply(params, prompts.tokens_BxP, cfg=cfg,
+  prompt_cache = transformer.init_cache(cfg, b, p, cache_dtype)
+  h_BxPxD, prompt_cache = transformer.apply(params, prompts.tokens_BxP, cfg=cfg,
                                       mask_NxT=prompts.mask_BxP, cache=prompt_cache,
                                       return_hidden=True)
-  logits_BxV = model.logits_from_hidden(params, h_BxPxD[:, -1:], cfg=cfg)[:, 0]
+  logits_BxV = transformer.logits_from_hidden(params, h_BxPxD[:, -1:], cfg=cfg)[:, 0]
   repeat = lambda x: on_rows(jnp.repeat(x, group_size, axis=0)) if x.ndim else x
-  shared, own = (jax.tree.map(on_rows, model.freeze(prompt_cache)),), ()
+  shared, own = (jax.tree.map(on_rows, transformer.freeze(prompt_cache)),), ()
   pos_N = repeat(prompt_cache.pos_N)
   logits_NxV = repeat(logits_BxV)
   tempered = lambda lg: lg / temperature if not greedy else lg
@@ -229,16 +229,16 @@ def _generate(params, prompts, prefixes, temperature, rng, *, cfg, group_size, m
     # Feed all prefixes in one call; right padding leaves masked (ignored) cache slots.
     pmask_NxQ = prefixes.mask_NxQ.astype(bool)
     q_N = pmask_NxQ.sum(axis=1, dtype=jnp.int32)
-    cache = jax.tree.map(on_rows, model.init_cache(cfg, n, q, cache_dtype, pos_N=pos_N))
+    cache = jax.tree.map(on_rows, transformer.init_cache(cfg, n, q, cache_dtype, pos_N=pos_N))
     cache = cache.replace(frozen=shared)
-    h_NxQxD, cache = model.apply(params, prefixes.tokens_NxQ, cfg=cfg, mask_NxT=pmask_NxQ,
+    h_NxQxD, cache = transformer.apply(params, prefixes.tokens_NxQ, cfg=cfg, mask_NxT=pmask_NxQ,
                                  cache=cache, return_hidden=True)
-    own, pos_N = (model.freeze(cache),), cache.pos_N
+    own, pos_N = (transformer.freeze(cache),), cache.pos_N
     # Log-prob of prefix token j comes from the logits before it, one position at a time so
     # the NxQxV logits never exist at once.
     def prefix_logprob(prev_logits_NxV, xs):
       tok_N, h_NxD = xs
-      nxt_NxV = model.logits_from_hidden(params, h_NxD[:, None], cfg=cfg)[:, 0]
+      nxt_NxV = transformer.logits_from_hidden(params, h_NxD[:, None], cfg=cfg)[:, 0]
       return nxt_NxV, sampling.token_logprob(tempered(prev_logits_NxV), tok_N)
 
     _, lp_QxN = jax.lax.scan(prefix_logprob, logits_NxV,
@@ -252,11 +252,11 @@ def _generate(params, prompts, prefixes, temperature, rng, *, cfg, group_size, m
     # Each row continues from the logits after its own last prefix token.
     last_N = jnp.maximum(q_N - 1, 0)
     h_last_NxD = jnp.take_along_axis(h_NxQxD, last_N[:, None, None], axis=1)[:, 0]
-    logits_after_NxV = model.logits_from_hidden(params, h_last_NxD[:, None], cfg=cfg)[:, 0]
+    logits_after_NxV = transformer.logits_from_hidden(params, h_last_NxD[:, None], cfg=cfg)[:, 0]
     logits_NxV = jnp.where((q_N > 0)[:, None], logits_after_NxV, logits_NxV)
 
   stop_S = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
-  rope_table = model.rope_table(cfg, size)  # Positions never reach `size` (slots >= tokens).
+  rope_table = transformer.rope_table(cfg, size)  # Positions never reach `size` (slots >= tokens).
   # Sampled columns are written as rows of MxN buffers (one contiguous row per step) and moved
   # to each row's column q_N + i once, after the loop.
   outs = (jnp.full((max_new_tokens, n), pad_id, jnp.int32),
@@ -279,7 +279,7 @@ def _generate(params, prompts, prefixes, temperature, rng, *, cfg, group_size, m
     i, cache, done_N, logits_NxV, sampled_N, outs = state
     tok_N, active_N, done_N, sampled_N, outs = sample(i, logits_NxV, done_N, sampled_N, outs)
     # Finished rows feed a masked token: their cache slot stays invalid, positions frozen.
-    logits, cache = model.apply(params, tok_N[:, None], cfg=cfg, mask_NxT=active_N[:, None],
+    logits, cache = transformer.apply(params, tok_N[:, None], cfg=cfg, mask_NxT=active_N[:, None],
                                 cache=cache, rope_table=rope_table)
     return i + 1, cache, done_N, on_rows(logits[:, 0]), sampled_N, outs
 
@@ -288,7 +288,7 @@ def _generate(params, prompts, prefixes, temperature, rng, *, cfg, group_size, m
   # not to slots that later steps fill.
   i, done_N, sampled_N = jnp.int32(0), jnp.zeros((n,), bool), jnp.zeros((n,), jnp.int32)
   for start, stop in decode_chunks(max_new_tokens - 1, max_chunks):
-    cache = jax.tree.map(on_rows, model.init_cache(cfg, n, stop - start, cache_dtype,
+    cache = jax.tree.map(on_rows, transformer.init_cache(cfg, n, stop - start, cache_dtype,
                                                    pos_N=pos_N)).replace(frozen=shared + own)
     cond = functools.partial(_keep_decoding, stop=stop, early_exit=bool(stop_tokens),
                              check_every=1 if row_shards == 1 else DONE_CHECK_EVERY)
@@ -298,7 +298,7 @@ def _generate(params, prompts, prefixes, temperature, rng, *, cfg, group_size, m
     # (prompt, own history, current chunk) however many chunks ran. The copy costs a
     # transient (memory_estimate's 'kv_merge') and saves a step 5-10% over keeping the
     # chunks apart (mid sampler benchmark, 8 chunks, interleaved runs).
-    own = (model.freeze(cache, after=own[0] if own else None),)
+    own = (transformer.freeze(cache, after=own[0] if own else None),)
     pos_N = cache.pos_N
   # The last token needs no forward pass after it (a no-op if every row already stopped).
   _, _, done_N, sampled_N, outs = sample(i, logits_NxV, done_N, sampled_N, outs)

@@ -81,8 +81,8 @@ def token_stats_from_hidden(h_NxTxD, w_DxV, tokens_NxT, *, temperature: float = 
   """`token_stats(h @ w, tokens)` without ever holding the NxTxV logits.
 
   Args:
-    h_NxTxD: final hidden states (`model.apply(..., return_hidden=True)`); any float dtype.
-    w_DxV: output projection; the matmul accumulates in fp32 like `model.logits_from_hidden`.
+    h_NxTxD: final hidden states (`transformer.apply(..., return_hidden=True)`); any float dtype.
+    w_DxV: output projection; the matmul accumulates in fp32 like `transformer.logits_from_hidden`.
     tokens_NxT: int token ids whose log-prob is returned.
     temperature: the policy is softmax(h @ w / temperature).
     token_chunk: positions per chunk (the N*T positions are padded up to a multiple).

@@ -36,9 +36,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from rlreason import config as config_lib
 from rlreason import tasks
 
-MODES = ('medium', 'easy_medium')
+MODES = config_lib.HEAPA_MODES
 
 
 @dataclasses.dataclass

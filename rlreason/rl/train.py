@@ -21,16 +21,16 @@ import jax
 import ml_collections
 import numpy as np
 
-from rlreason import checkpoint
 from rlreason import config as config_lib
-from rlreason import metrics as metrics_lib
-from rlreason import mixed_policy
 from rlreason import multihost
-from rlreason import sampler
-from rlreason import sharding
-from rlreason.rl_batch import (advantages_for, dynamic_filter, make_train_batch, score,
+from rlreason.model import sharding
+from rlreason.rl import checkpoint
+from rlreason.rl import metrics as metrics_lib
+from rlreason.rl import mixed_policy
+from rlreason.rollout import sampler
+from rlreason.rl.rl_batch import (advantages_for, dynamic_filter, make_train_batch, score,
                                throughput, zero_variance_fraction)
-from rlreason.run_setup import Run, build, encode_prompts, export_policy, sft_loop
+from rlreason.rl.run_setup import Run, build, encode_prompts, export_policy, sft_loop
 
 
 @contextlib.contextmanager
@@ -88,7 +88,7 @@ def sample_and_verify(run: Run, params, examples, rng, *, step: int, progress: f
 
 def evaluate_policy(run: Run, params, rng) -> dict[str, float]:
   """Greedy (or eval.temperature) pass@1 / pass@k / mean@k / maj@k on the held-out prompts."""
-  from rlreason import evaluate
+  from rlreason.rl import evaluate
   summary = evaluate.evaluate(run, params, k=run.config.eval.k,
                               temperature=run.config.eval.temperature, rng=rng)
   tokens = summary.pop('generated_tokens')

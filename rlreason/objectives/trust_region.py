@@ -25,7 +25,7 @@ Deliberately not here: PPO-family losses (losses.py), aggregation (aggregation.p
 import jax
 import jax.numpy as jnp
 
-from rlreason.aggregation import masked_mean
+from rlreason.objectives.aggregation import masked_mean
 
 _LAM_RANGE = 1e6  # bisection bracket: λ ∈ [scale/1e6, scale·1e6], scale = max |A − mean A|.
 

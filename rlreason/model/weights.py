@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints (config.json + safetensors) in and out of model.py params.
+"""Hugging Face checkpoints (config.json + safetensors) in and out of transformer.py params.
 
   cfg = config_from_hf(json.load(open('config.json')))
   cfg, params = load(path, mesh=mesh, rules=sharding.TRAIN_RULES)
@@ -31,8 +31,8 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from rlreason import model
-from rlreason import sharding as sharding_lib
+from rlreason.model import sharding as sharding_lib
+from rlreason.model import transformer
 
 _ARCHS = {'LlamaForCausalLM': 'llama', 'Qwen2ForCausalLM': 'qwen2', 'Qwen3ForCausalLM': 'qwen3'}
 _FAMILY_ARCH = {family: arch for arch, family in _ARCHS.items()}
@@ -62,7 +62,7 @@ class _Entry(NamedTuple):
 
 
 def config_from_hf(hf_config: dict[str, Any], *, param_dtype: str = 'float32',
-                   compute_dtype: str = 'float32', remat: str = 'none') -> model.ModelConfig:
+                   compute_dtype: str = 'float32', remat: str = 'none') -> transformer.ModelConfig:
   """ModelConfig from the contents of a HF config.json (transformers 4 or 5 style)."""
   c = hf_config
   archs = c.get('architectures') or []
@@ -90,14 +90,14 @@ def config_from_hf(hf_config: dict[str, Any], *, param_dtype: str = 'float32',
   max_pos = c.get('max_position_embeddings', 4096)
   scaling = None
   if rope_type == 'llama3':
-    scaling = model.Llama3RopeScaling(
+    scaling = transformer.Llama3RopeScaling(
         factor=float(rope['factor']), low_freq_factor=float(rope['low_freq_factor']),
         high_freq_factor=float(rope['high_freq_factor']),
         # transformers defaults the pretraining length to max_position_embeddings.
         original_max_position_embeddings=int(rope.get('original_max_position_embeddings', max_pos)))
 
   heads = c['num_attention_heads']
-  return model.ModelConfig(
+  return transformer.ModelConfig(
       vocab_size=c['vocab_size'], hidden_size=c['hidden_size'],
       intermediate_size=c['intermediate_size'], num_layers=c['num_hidden_layers'],
       num_heads=heads, num_kv_heads=c.get('num_key_value_heads') or heads,
@@ -110,11 +110,11 @@ def config_from_hf(hf_config: dict[str, Any], *, param_dtype: str = 'float32',
 
 
 def _check_unsupported(c: dict[str, Any], family: str):
-  """Raises for config fields whose values model.py cannot reproduce."""
+  """Raises for config fields whose values transformer.py cannot reproduce."""
   bad = []
   if c.get('hidden_act', 'silu') != 'silu':
     bad.append(f"hidden_act={c['hidden_act']!r} (supported: 'silu')")
-  # Llama's and Qwen3's attention_bias also puts a bias on o_proj, which model.py lacks.
+  # Llama's and Qwen3's attention_bias also puts a bias on o_proj, which transformer.py lacks.
   if family in ('llama', 'qwen3') and c.get('attention_bias', False):
     bad.append('attention_bias=True (it adds an o_proj bias; supported: False)')
   if c.get('mlp_bias', False):
@@ -127,7 +127,7 @@ def _check_unsupported(c: dict[str, Any], family: str):
     raise CheckpointError(f'config.json ({family}): unsupported settings: ' + '; '.join(bad) + '.')
 
 
-def config_to_hf(cfg: model.ModelConfig, *, dtype: str | None = None) -> dict[str, Any]:
+def config_to_hf(cfg: transformer.ModelConfig, *, dtype: str | None = None) -> dict[str, Any]:
   """config.json contents for `cfg` that transformers 4 and 5 both read."""
   if cfg.family == 'qwen3' and (cfg.qkv_bias or not cfg.qk_norm):
     raise CheckpointError('export: family qwen3 needs qk_norm=True and qkv_bias=False.')
@@ -170,7 +170,7 @@ def config_to_hf(cfg: model.ModelConfig, *, dtype: str | None = None) -> dict[st
 # ----------------------------------------------------------------------------- tensor names
 
 
-def _tensor_map(cfg: model.ModelConfig) -> dict[str, tuple[tuple[str, ...], tuple[int, ...], bool]]:
+def _tensor_map(cfg: transformer.ModelConfig) -> dict[str, tuple[tuple[str, ...], tuple[int, ...], bool]]:
   """HF name -> (our params path, HF shape, whether our layout is the HF one transposed).
 
   A transposed tensor is a torch Linear weight [out, in]; ours is x.T reshaped to
@@ -308,7 +308,7 @@ def _index_checkpoint(path: pathlib.Path) -> dict[str, _Entry]:
   return entries
 
 
-def _check_entries(entries: dict[str, _Entry], tmap, cfg: model.ModelConfig, where: str):
+def _check_entries(entries: dict[str, _Entry], tmap, cfg: transformer.ModelConfig, where: str):
   """Raises one CheckpointError listing every name, shape and dtype problem."""
   # Tied checkpoints may still carry lm_head.weight (transformers ties it to the embedding),
   # and older Llama exports carry the rotary buffer.
@@ -346,7 +346,7 @@ def _target_shardings(cfg, shardings, mesh, rules):
 
 
 def load(path, *, shardings=None, mesh=None, rules=None, param_dtype: str = 'float32',
-         compute_dtype: str = 'float32') -> tuple[model.ModelConfig, model.Params]:
+         compute_dtype: str = 'float32') -> tuple[transformer.ModelConfig, transformer.Params]:
   """Reads a HF checkpoint directory into (ModelConfig, params).
 
   Args:
@@ -372,7 +372,7 @@ def load(path, *, shardings=None, mesh=None, rules=None, param_dtype: str = 'flo
   tmap = _tensor_map(cfg)
   _check_entries(entries, tmap, cfg, str(path))
   targets = _target_shardings(cfg, shardings, mesh, rules)
-  abstract = model.abstract_params(cfg)
+  abstract = transformer.abstract_params(cfg)
   params = {}
   for name, (ours, _, transpose) in tmap.items():
     x = _read_tensor(entries[name])
@@ -390,7 +390,7 @@ def load(path, *, shardings=None, mesh=None, rules=None, param_dtype: str = 'flo
 # ----------------------------------------------------------------------------- writing
 
 
-def save(path, cfg: model.ModelConfig, params: model.Params, *, dtype: str | None = None,
+def save(path, cfg: transformer.ModelConfig, params: transformer.Params, *, dtype: str | None = None,
          max_shard_bytes: int = 5 * 10**9):
   """Writes params as a HF checkpoint directory (config.json + safetensors).
 
@@ -442,7 +442,7 @@ def save(path, cfg: model.ModelConfig, params: model.Params, *, dtype: str | Non
 
 
 def _check_params(params, tmap, cfg):
-  problems, abstract = [], model.abstract_params(cfg)
+  problems, abstract = [], transformer.abstract_params(cfg)
   for ours, _, _ in tmap.values():
     want = _get(abstract, ours).shape
     try:

@@ -24,9 +24,9 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from rlreason import trust_region
-from rlreason.aggregation import masked_mean
-from rlreason.loss_diagnostics import ratio_metrics
+from rlreason.objectives import trust_region
+from rlreason.objectives.aggregation import masked_mean
+from rlreason.objectives.loss_diagnostics import ratio_metrics
 
 _sg = jax.lax.stop_gradient
 

@@ -11,8 +11,8 @@ need (token_stats.py).
 import jax
 import jax.numpy as jnp
 
-from rlreason import kl
-from rlreason.aggregation import masked_mean
+from rlreason.objectives import kl
+from rlreason.objectives.aggregation import masked_mean
 
 
 def _per_token(advantages, shape):

@@ -120,9 +120,9 @@ def tree_shardings(abstract_tree, axes_tree, mesh: Mesh, rules: Rules):
 
 
 def param_shardings(cfg, mesh: Mesh, rules: Rules):
-  """Shardings for the params of a model.ModelConfig under a rule table."""
-  from rlreason import model  # Local: keeps this module importable without flax for launch/.
-  return tree_shardings(model.abstract_params(cfg), model.param_axes(cfg), mesh, rules)
+  """Shardings for the params of a transformer.ModelConfig under a rule table."""
+  from rlreason.model import transformer  # Local: keeps this module importable without flax for launch/.
+  return tree_shardings(transformer.abstract_params(cfg), transformer.param_axes(cfg), mesh, rules)
 
 
 def data_sharding(mesh: Mesh, shape: Sequence[int], rules: Rules = TRAIN_RULES) -> NamedSharding:

@@ -42,10 +42,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlreason import model
-from rlreason import sampler
-from rlreason import sharding
-from rlreason import tokenizer as tokenizer_lib
+from rlreason.model import sharding
+from rlreason.model import tokenizer as tokenizer_lib
+from rlreason.model import transformer
+from rlreason.rollout import sampler
 from rlreason.structs import Prefixes
 from rlreason.verifiers import composition
 
@@ -207,7 +207,7 @@ class Judge:
     empty_reward: the reward of a completion with no step.
     mesh: run the sampler with rows sharded over this mesh.
   """
-  cfg: model.ModelConfig
+  cfg: transformer.ModelConfig
   tok: tokenizer_lib.Tokenizer
   params: Any = None
   labels: tuple[str, str, str] = ('-', '0', '+')
@@ -341,12 +341,12 @@ def combine(mix: composition.RewardComposition, *, verifier_rewards: Sequence[fl
 def _random_tiny(seed: int):
   """A random 2-layer model over printable ASCII characters: a judge for tests only."""
   tok = tokenizer_lib.from_characters(string.printable)
-  cfg = model.ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64,
+  cfg = transformer.ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64,
                           num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16)
-  return cfg, tok, model.init_params(cfg, jax.random.key(seed))
+  return cfg, tok, transformer.init_params(cfg, jax.random.key(seed))
 
 
-def from_config(c, *, policy_cfg: model.ModelConfig, policy_tok: tokenizer_lib.Tokenizer,
+def from_config(c, *, policy_cfg: transformer.ModelConfig, policy_tok: tokenizer_lib.Tokenizer,
                 mesh: jax.sharding.Mesh | None = None,
                 seed: int = 0) -> tuple[Judge, composition.RewardComposition]:
   """(Judge, reward composition) from the config's `judge` block (the run's edge).
@@ -366,7 +366,7 @@ def from_config(c, *, policy_cfg: model.ModelConfig, policy_tok: tokenizer_lib.T
     if mesh is not None:
       params = jax.device_put(params, sharding.param_shardings(cfg, mesh, sharding.SAMPLE_RULES))
   elif c.model:
-    from rlreason import weights
+    from rlreason.model import weights
     cfg, params = weights.load(c.model, mesh=mesh, rules=sharding.SAMPLE_RULES if mesh else None,
                                param_dtype=c.dtype, compute_dtype=c.dtype)
     tok = tokenizer_lib.load(c.model)

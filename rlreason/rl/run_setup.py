@@ -18,17 +18,21 @@ import ml_collections
 import numpy as np
 import optax
 
-from rlreason import checkpoint
-from rlreason import data
-from rlreason import model
+from rlreason import config as config_lib
 from rlreason import multihost
-from rlreason import sampler
-from rlreason import sharding
 from rlreason import tasks
-from rlreason import tokenizer as tokenizer_lib
-from rlreason import update
-from rlreason import weights
+from rlreason.model import sharding
+from rlreason.model import tokenizer as tokenizer_lib
+from rlreason.model import transformer
+from rlreason.model import weights
+from rlreason.rl import checkpoint
+from rlreason.rl import mixed_policy
+from rlreason.rl import prompt_schedule
+from rlreason.rl import update
+from rlreason.rollout import judge as judge_lib
+from rlreason.rollout import sampler
 from rlreason.structs import Prompts
+from rlreason.tasks import data
 from rlreason.verifiers import pool as pool_lib
 
 
@@ -37,7 +41,7 @@ class Run:
   """The built pieces of a run; see `build`."""
   config: ml_collections.ConfigDict
   workdir: pathlib.Path
-  cfg: model.ModelConfig
+  cfg: transformer.ModelConfig
   tok: tokenizer_lib.Tokenizer
   pad_id: int
   mesh: jax.sharding.Mesh
@@ -84,7 +88,6 @@ class Run:
     if self.config.objective.kl_coef:
       self.ref_params = self._ref_from_checkpoint(abstract)
     if self.config.prefix_rollouts.enabled:
-      from rlreason import mixed_policy
       self.prefix_params = mixed_policy.restore_prefix_policy(
           self, abstract.params, step, self._ref_from_checkpoint(abstract))
     return state, step
@@ -163,7 +166,6 @@ def _examples(config):
 
 def _schedule(config, stream):
   """The prompt schedule over the train stream: uniform batches or HeaPA's frontier pool."""
-  from rlreason import prompt_schedule
   b, h = config.rl.prompts_per_step, config.data.heapa
   if config.data.schedule == 'uniform':
     return prompt_schedule.UniformSchedule(iter(data.batched(stream, b)))
@@ -180,9 +182,9 @@ def _params(config, tok):
     return cfg.replace(remat=m.remat), params
   arch = dict(m.arch)
   arch['vocab_size'] = arch['vocab_size'] or tok.vocab_size
-  cfg = model.ModelConfig(**arch, param_dtype=m.param_dtype, compute_dtype=m.compute_dtype,
+  cfg = transformer.ModelConfig(**arch, param_dtype=m.param_dtype, compute_dtype=m.compute_dtype,
                           remat=m.remat)
-  return cfg, model.init_params(cfg, jax.random.key(config.seed))
+  return cfg, transformer.init_params(cfg, jax.random.key(config.seed))
 
 
 def make_optimizer(*, lr: float, warmup_steps: int, b1: float = 0.9, b2: float = 0.999,
@@ -219,7 +221,7 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
   critic = config.critic
   value_optimizer = value_params = None
   if critic.enabled:
-    value_params = model.init_value_head(cfg)
+    value_params = transformer.init_value_head(cfg)
     value_optimizer = make_optimizer(lr=critic.lr, warmup_steps=critic.warmup_steps,
                                      b1=opt.b1, b2=opt.b2, grad_clip=critic.grad_clip)
   abstract_state = jax.eval_shape(lambda p, v: update.init_state(
@@ -228,7 +230,7 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
   o = config.objective
   objective = update.Objective(
       policy_loss=o.policy_loss, loss_kwargs=tuple(sorted(dict(o.loss_kwargs).items())),
-      aggregation=o.aggregation, max_len=completion_length(config), kl_coef=o.kl_coef,
+      aggregation=o.aggregation, max_len=config_lib.completion_length(config), kl_coef=o.kl_coef,
       kl_estimator=o.kl_estimator, entropy_coef=o.entropy_coef,
       temperature=max(config.rl.temperature, 1e-6), group_size=config.rl.group_size,
       value_coef=critic.coef if critic.enabled else 0.0, value_clip=critic.clip)
@@ -266,16 +268,9 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
     # the host: both assume every row is addressable here.
     raise ValueError('hapo.enabled and prefix_rollouts.enabled are single-host for now.')
   if config.judge.enabled:
-    from rlreason import judge as judge_lib
     run.judge, run.reward_mix = judge_lib.from_config(config.judge, policy_cfg=cfg, policy_tok=tok,
                                                       mesh=mesh, seed=config.seed)
   return run
-
-
-def completion_length(config) -> int:
-  """L: sampled tokens, after an older policy's prefix when prefix_rollouts are on."""
-  p = config.prefix_rollouts
-  return config.rl.max_new_tokens + (p.max_tokens if p.enabled else 0)
 
 
 _TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json',

@@ -1,0 +1,7 @@
+"""Toy loops for the small-scale dynamics studies in colab/.
+
+  bandit  categorical-bandit loops, jitted and vmapped over seeds and configurations
+  toy_lm  a tiny transformer on group-composition problems, trained by any estimator
+
+Built on objectives/, model/ and rl.update; nothing in the package imports dynamics/.
+"""

@@ -1,0 +1,10 @@
+"""The policy network and what surrounds it: weights in and out, tokens in and out, sharding.
+
+  transformer  decoder-only transformer (Llama 3 / Qwen2 / Qwen3), explicit KV cache, value head
+  attention    blocked causal self-attention with a custom VJP; attention over cache segments
+  weights      Hugging Face safetensors <-> params, streamed into their shardings
+  tokenizer    HF tokenizer.json, BPE, sentencepiece, chat templates
+  sharding     meshes, logical-axis rule tables, the CPU host split into devices
+
+Imports nothing from the other stages.
+"""

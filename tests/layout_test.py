@@ -1,0 +1,70 @@
+"""The package's shape: every module imports, imports run downward, verifiers stay JAX-free."""
+
+import ast
+import collections
+import importlib
+import pathlib
+import pkgutil
+import subprocess
+import sys
+
+import rlreason
+
+PACKAGE = pathlib.Path(rlreason.__file__).parent
+# Which areas (subpackages, or top-level modules) each area may import. rl/ is the top of
+# the loop; dynamics/ and main use it; nothing else does.
+ALLOWED = {
+    'verifiers': set(),
+    'structs': set(),
+    'model': {'structs'},
+    'objectives': {'structs'},
+    'tasks': {'verifiers'},
+    'multihost': {'verifiers'},
+    'rollout': {'model', 'structs', 'tasks', 'verifiers'},
+    'config': {'model', 'objectives', 'rollout', 'tasks', 'verifiers'},
+    'rl': {'config', 'model', 'multihost', 'objectives', 'rollout', 'structs', 'tasks',
+           'verifiers'},
+    'dynamics': {'model', 'objectives', 'rl', 'structs', 'tasks'},
+    'main': {'config', 'model', 'multihost', 'rl'},
+}
+
+
+def test_every_module_imports():
+  names = [m.name for m in pkgutil.walk_packages(rlreason.__path__, 'rlreason.')]
+  assert len(names) > 50
+  for name in names:
+    importlib.import_module(name)
+
+
+def imports_by_area() -> dict[str, set[str]]:
+  found = collections.defaultdict(set)
+  for path in PACKAGE.rglob('*.py'):
+    parts = path.relative_to(PACKAGE).parts
+    area = parts[0] if len(parts) > 1 else path.stem
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.ImportFrom) and (node.module or '').startswith('rlreason'):
+        modules = [f'{node.module}.{alias.name}' for alias in node.names]
+      elif isinstance(node, ast.Import):
+        modules = [alias.name for alias in node.names if alias.name.startswith('rlreason')]
+      else:
+        continue
+      found[area].update(m.split('.')[1] for m in modules if m.count('.') >= 1)
+  return {area: deps - {area} for area, deps in found.items()}
+
+
+def test_imports_run_downward():
+  found = imports_by_area()
+  assert set(found) - {'__init__'} <= set(ALLOWED), set(found) - set(ALLOWED)
+  for area, deps in found.items():
+    assert deps <= ALLOWED.get(area, set()), (area, deps - ALLOWED.get(area, set()))
+
+
+def test_verifiers_import_neither_jax_nor_the_model():
+  code = ('import pkgutil, importlib, sys, rlreason.verifiers as v\n'
+          'for m in pkgutil.walk_packages(v.__path__, "rlreason.verifiers."):\n'
+          '  importlib.import_module(m.name)\n'
+          'print(sorted(k for k in sys.modules if k.split(".")[0] in ("jax", "flax") or '
+          'k.startswith(("rlreason.model", "rlreason.rl", "rlreason.rollout"))))')
+  run = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                       timeout=300, check=True)
+  assert run.stdout.strip() == '[]', run.stdout

@@ -69,7 +69,7 @@ def test_reshard_train_to_sample_keeps_values():
 
 def test_split_cpu_host_makes_single_threaded_devices_in_a_fresh_process():
   code = ('import os, jax, jax.numpy as jnp\n'
-          'from rlreason import sharding\n'
+          'from rlreason.model import sharding\n'
           'sharding.split_cpu_host(2)\n'
           'mesh = sharding.make_mesh({"data": 2, "fsdp": 1, "tensor": 1})\n'
           'x = jax.device_put(jnp.arange(8.0), sharding.data_sharding(mesh, (8,)))\n'

@@ -86,8 +86,8 @@ PATTERNS = {
     'text_answer.FORMATS[reasoning_answer]': (_fmt('reasoning_answer'), REASONING),
     'text_answer.FORMATS[answer_tag]': (_fmt('answer_tag'), THINK),
     'text_answer.FORMATS[boxed]': (_fmt('boxed'), ('\\boxed', '\\boxed ', '\\box')),
-    'judge._STEP_MARKER': (lambda t: list(judge._STEP_MARKER.finditer(t)),
-                           ('step', 'step 1', '*', '* ', '**step 1', '# step ', 'step 1 ')),
+    'rollout.judge._STEP_MARKER': (lambda t: list(judge._STEP_MARKER.finditer(t)),
+                                   ('step', 'step 1', '*', '* ', '**step 1', '# step ', 'step 1 ')),
     'judge.split_paragraphs': (judge.split_paragraphs, ('\n', '\n ', '\n \t', ' \n')),
     'tokenizer._specials_regex': (
         lambda t: list(tokenizer._specials_regex(SPECIALS).finditer(t)), ('<|im_sta', '<|', '<s')),
@@ -189,7 +189,8 @@ SCANNED = {
     'verifiers/synthetic_tasks.py': 6, 'verifiers/prolog.py': 5,
     'verifiers/policy_recall.py': 2,  # the item's id_pattern; a split of a gold field.
     'verifiers/text_answer.py': 2,  # the item's pattern, compiled or full-matched.
-    'judge.py': 2, 'tokenizer.py': 1, 'tasks/arithmetic.py': 1, 'tasks/policy_recall.py': 1,
+    'rollout/judge.py': 2, 'model/tokenizer.py': 1, 'tasks/arithmetic.py': 1,
+    'tasks/policy_recall.py': 1,
 }
 _CALL = re.compile(r'\bre\.(?:compile|search|match|fullmatch|findall|finditer|split|subn?)\(')
 

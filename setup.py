@@ -6,6 +6,7 @@ import setuptools
 INSTALL_REQUIRES = [
     'absl-py==2.5.1',
     'antlr4-python3-runtime==4.13.2',
+    'bm25s==0.3.16',  # envs/search.py's BM25; needs only numpy.
     'chex==0.1.92',
     'flax==0.12.8',
     'grain==0.2.18',

@@ -130,6 +130,8 @@ def test_no_host_file_is_readable_at_the_os_level():
 def test_the_standard_library_still_works():
   result = sandbox.run_python('import json, re, math, fractions, collections, decimal, heapq\n'
                               'import datetime, itertools, functools, random, string, time\n'
+                              'import dataclasses, typing, enum, inspect, traceback, logging\n'
+                              'import statistics, pprint, asyncio, unittest, bisect, copy\n'
                               'print(json.dumps(sorted(collections.Counter("abca").items())))\n'
                               'print(random.random() < 1, time.localtime().tm_year > 2000)')
   assert result.status == 'ok', result

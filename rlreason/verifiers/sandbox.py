@@ -30,7 +30,7 @@ per process by `isolation()`:
 
 Python programs also run under an audit hook that ends the process (exit 86, status
 'violation') on fork/exec/subprocess, signals, socket creation, ctypes, sqlite, tracing,
-gc's object walks, rebinding a function's code, writes outside the private directory and
+gc's object walks (the only way to reach the hook), writes outside the private directory and
 reads outside it and the standard library (and any /proc/<pid>): the OS layer enforces,
 the hook names the cause. The hook holds no mutable state, so nothing reachable from
 inside can switch it off.
@@ -388,10 +388,6 @@ def _sandbox_rules():
       name = args[0]
       if type(name) is not str or name.partition('.')[0] in blocked_modules:
         stop('import ' + str.__str__(name) if type(name) is str else 'import')
-    elif event == 'object.__setattr__':
-      if type(args[1]) is not str or args[1] in ('__code__', '__defaults__', '__kwdefaults__',
-                                                  '__globals__', '__closure__'):
-        stop('rebinding a function')
     elif event == 'open':
       path, mode, flags = args[0], args[1], args[2]
       if type(path) is int or path is None:

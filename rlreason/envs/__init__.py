@@ -1,8 +1,11 @@
 """Environments and tools for multi-turn episodes: the host side. Never imports JAX.
 
-  base       Environment protocol, ToolSpec / ToolCall / ToolResult, ToolError, run_tool
-  registry   tool names -> tools (calculator, python, prolog, search, kb, timeseries)
-  formats    tool schemas into the prompt and tool calls out of the model's text, per chat template
+  base         Environment protocol, ToolSpec / ToolCall / ToolResult, ToolError, run_tool
+  registry     tool names -> tools: calculator, kb, timeseries (pure), search (bm25s),
+               python and prolog (in the verifiers' sandbox)
+  formats      tool calls out of the model's text and results back in, per chat template
+  environment  ToolEnvironment: tool turns, then a final answer scored by a verifier
+  tasks        synthetic tool-use tasks (big products, KB questions, time-series queries)
 
 Not here: decoding episodes on the device (rlreason/rollout, later), reward verifiers
 (rlreason/verifiers).

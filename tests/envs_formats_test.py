@@ -273,3 +273,13 @@ def test_qwen3_no_thinking_prompt_is_not_re_rendered(qwen_pair):
   assert not rendered.startswith(episode)
   assert rendered.startswith(episode.replace(empty_think, ''))
   assert rendered.endswith('<|im_start|>assistant\n' + empty_think)
+
+
+@pytest.mark.parametrize('family', sorted(formats.FORMATS))
+@pytest.mark.parametrize('deep', ['[' * 100_000, '1' * 5_000])
+def test_unreadable_json_is_an_error_not_an_exception(family, deep):
+  text = {'qwen': f'<tool_call>\n{{"name": "f", "arguments": {deep}\n</tool_call>',
+          'llama3': '{"name": "f", "parameters": ' + deep,
+          'tags': f'<call>f: {{"a": {deep}</call>'}[family]
+  calls, errors = formats.get(family).parse_calls(text)
+  assert not calls and len(errors) == 1, errors

@@ -26,6 +26,10 @@ import time
 import pytest
 
 from rlreason import verifiers
+from rlreason.envs import base as env_base
+from rlreason.envs import calculator
+from rlreason.envs import formats
+from rlreason.envs import tasks as env_tasks
 from rlreason.model import tokenizer
 from rlreason.rollout import judge
 from rlreason.tasks import arithmetic as arithmetic_task
@@ -95,6 +99,13 @@ PATTERNS = {
     'tasks.arithmetic._COLUMN': (_fn(arithmetic_task._COLUMN, 'fullmatch'), ('1,', '1,1', ',')),
     'tasks.policy_recall._RECITED_RULE': (_fn(policy_task._RECITED_RULE, 'search'),
                                           ('POL-', 'POL-1', ' POL-1 ', '\n ', '\nPOL-1 ')),
+    'envs.formats._QWEN_CALL': (lambda t: list(formats._QWEN_CALL.finditer(t)),
+                                ('<tool_call>', '</tool_call>', '<tool_call>{')),
+    'envs.formats._TAGS_CALL': (lambda t: list(formats._TAGS_CALL.finditer(t)),
+                                ('<call>', '</call>', '<call>a:')),
+    'envs.formats._TAGS_BODY': (_fn(formats._TAGS_BODY, 'fullmatch'), ('a', ' a', 'a:', 'a.')),
+    'envs.calculator._DECIMAL': (_fn(calculator._DECIMAL, 'fullmatch'), ('1', '.', '1.', 'e1')),
+    'envs.tasks._REF': (_fn(env_tasks._REF, 'fullmatch'), ('$1', '$', '[0]')),
 }
 
 
@@ -134,6 +145,14 @@ PUBLIC = {
         _item('rlreason.tasks.arithmetic:verify_carry_chain', answer='12', operands=[5, 7]),
         ('1,0 ', '1,', ',1')),
     'tasks.policy_recall.behaviour_mode': (policy_task.behaviour_mode, ('POL-1', '\n POL-1 ')),
+    **{f'envs.formats:{family}': (formats.get(family).parse_calls,
+                                  ('<tool_call>', '<call>', '{"name": ', '{', '</think>'))
+       for family in formats.FORMATS},
+    'envs.calculator': (lambda t: env_base.run_tool({'calculator': calculator.TOOL}, {},
+                                                    env_base.ToolCall('calculator',
+                                                                      {'expression': t}),
+                                                    context={}),
+                        ('1', '1+', '(', '1.', '9**')),
 }
 
 
@@ -190,7 +209,8 @@ SCANNED = {
     'verifiers/policy_recall.py': 2,  # the item's id_pattern; a split of a gold field.
     'verifiers/text_answer.py': 2,  # the item's pattern, compiled or full-matched.
     'rollout/judge.py': 2, 'model/tokenizer.py': 1, 'tasks/arithmetic.py': 1,
-    'tasks/policy_recall.py': 1,
+    'tasks/policy_recall.py': 1, 'envs/calculator.py': 1, 'envs/formats.py': 3,
+    'envs/tasks.py': 1,  # envs/tasks: gold call references, not model output.
 }
 _CALL = re.compile(r'\bre\.(?:compile|search|match|fullmatch|findall|finditer|split|subn?)\(')
 

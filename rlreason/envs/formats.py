@@ -62,6 +62,8 @@ def _loads(text: str, where: str) -> tuple[Any, str]:
     return json.loads(text), ''
   except json.JSONDecodeError as e:
     return None, f'{where}: invalid JSON ({e.msg} at line {e.lineno} column {e.colno})'
+  except (RecursionError, ValueError) as e:  # nesting, or an integer over 4300 digits
+    return None, f'{where}: unreadable JSON ({type(e).__name__}: {str(e)[:80]})'
 
 
 def _collect(items) -> Parsed:
@@ -107,6 +109,9 @@ def _parse_llama3(text: str) -> Parsed:
     except json.JSONDecodeError as e:
       items.append((None, f'{where}: invalid JSON ({e.msg} at line {e.lineno} column '
                     f'{e.colno})'))
+      break
+    except (RecursionError, ValueError) as e:  # nesting, or an integer over 4300 digits
+      items.append((None, f'{where}: unreadable JSON ({type(e).__name__}: {str(e)[:80]})'))
       break
     # Llama 3.1 names the arguments "parameters"; some fine-tunes write "arguments".
     key = 'parameters' if isinstance(obj, dict) and 'parameters' in obj else 'arguments'

@@ -145,8 +145,11 @@ def check_isolation(*, allow_weak: bool | None = None, what: str = 'model-writte
   return level
 
 
-def _system_paths(argv0: str) -> tuple[list[str], list[str]]:
-  """Read-only paths a program needs (system, its installation) and site-packages to hide."""
+@functools.cache
+def _system_paths(argv0: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+  """Read-only paths a program needs (system, its installation) and site-packages to hide.
+
+  Cached per program: the globs would otherwise run on every sandboxed call."""
   paths = ['/usr', '/bin', '/sbin', '/lib', '/lib32', '/lib64', '/libx32', '/etc/ld.so.cache',
            '/etc/localtime']
   for exe in (python_interpreter(), os.path.realpath(argv0)):
@@ -157,7 +160,7 @@ def _system_paths(argv0: str) -> tuple[list[str], list[str]]:
   for base in paths:
     for pattern in ('lib/python3*/*-packages', 'local/lib/python3*/*-packages'):
       hidden.update(glob.glob(os.path.join(base, pattern)))
-  return paths, sorted(hidden)
+  return tuple(paths), tuple(sorted(hidden))
 
 
 _DEVICES = ['/dev/null', '/dev/zero', '/dev/urandom', '/dev/random']
@@ -287,7 +290,7 @@ def run(argv: Sequence[str], *, files: Mapping[str, str | bytes] = {},  # pylint
     config = {
         'namespaces': mode == 'namespaces', 'workdir': workdir, 'uid': uid,
         'argv': list(argv), 'status_fd': status_w, 'wall_s': limits.wall_s,
-        'newroot': newroot, 'read_paths': read_paths, 'hidden_paths': hidden,
+        'newroot': newroot, 'read_paths': list(read_paths), 'hidden_paths': list(hidden),
         'device_paths': _DEVICES, 'landlock': mode != 'rlimits',
         'require_landlock': mode == 'landlock',
         'env': {'PATH': '/usr/local/bin:/usr/bin:/bin', 'HOME': workdir, 'TMPDIR': workdir,

@@ -7,14 +7,22 @@ the example's meta: a corpus, a graph, a time series, an interpreter's history) 
 model should see. `run_tool` is the only caller: it checks the arguments against the spec,
 turns every failure (unknown tool, malformed or ill-typed arguments, a ToolError, a crash) into
 an observation plus an error kind, and truncates long output with a marker. A tool call
-never raises out of `run_tool`.
+never raises out of `run_tool`, and returns within a deadline (DEFAULT_DEADLINE_S): the
+session is made and the call runs in a worker thread, and a call that has not returned by
+then is a TIMEOUT observation. Python cannot kill a thread, so such a call is abandoned, not
+stopped: its daemon thread runs on (holding whatever it holds) until it returns or the
+process exits, and the tool's session is dropped so that the next call, on a fresh session,
+never shares state with it. The sandboxed tools (python, prolog) kill their own programs at
+their module's LIMITS, which end before the default deadline, so their more specific
+TIMEOUT comes first; under a shorter deadline an abandoned call's program still dies there.
 
 An environment turns a model's turn into an observation: `reset(example) -> state`,
 `step(state, turn_text) -> Step`. Not here: parsing tool calls out of text (formats.py),
-decoding on the device.
+decoding on the device, stopping an in-process tool that runs past its deadline.
 """
 
 import dataclasses
+import threading
 from typing import Any, Mapping, Protocol
 
 # Error kinds, counted by the episode loop's metrics.
@@ -29,6 +37,7 @@ TOOL_FAILED = 'tool_failed'  # the tool ran and reported a failure (division by 
 ERROR_KINDS = (MALFORMED, UNKNOWN_TOOL, BAD_ARGUMENTS, TIMEOUT, CRASH, OVERSIZED,
                SANDBOX_VIOLATION, TOOL_FAILED)
 MAX_OBSERVATION_CHARS = 4096
+DEFAULT_DEADLINE_S = 10.0  # above the sandboxed tools' own limits (python 4s, prolog 6s wall)
 _JSON_TYPES = {'string': str, 'integer': int, 'number': (int, float), 'boolean': bool,
                'array': list, 'object': dict}
 
@@ -122,21 +131,61 @@ def truncate(text: str, max_chars: int) -> tuple[str, bool]:
   return text[:max_chars] + f'\n...[truncated {len(text) - max_chars} characters]', True
 
 
+def _open_and_call(tool: Tool, sessions: dict[str, Any], call: ToolCall,
+                   context: Mapping[str, Any]) -> Any:
+  if call.name not in sessions:
+    sessions[call.name] = tool.new_session(context)
+  return tool.call(sessions[call.name], call.arguments)
+
+
+def _call_with_deadline(tool: Tool, sessions: dict[str, Any], call: ToolCall,
+                        context: Mapping[str, Any], deadline_s: float) -> Any:
+  """_open_and_call in a daemon thread, on its own copy of the tool's session entry: merged
+  back if it returns in time, dropped (with a TIMEOUT) if not."""
+  own = {call.name: sessions[call.name]} if call.name in sessions else {}
+  outcome = {}
+
+  def work():
+    try:
+      outcome['content'] = _open_and_call(tool, own, call, context)
+    except BaseException as e:  # pylint: disable=broad-except  (re-raised by the caller)
+      outcome['error'] = e
+
+  worker = threading.Thread(target=work, name=f'tool-{call.name}', daemon=True)
+  worker.start()
+  worker.join(deadline_s)
+  if worker.is_alive():
+    sessions.pop(call.name, None)  # the abandoned call may still change that session.
+    raise ToolError(TIMEOUT, f'{call.name} did not return within the {deadline_s:g}s deadline; '
+                    'the call was abandoned and the tool\'s state for this episode reset')
+  sessions.update(own)
+  if 'error' in outcome:
+    raise outcome['error']
+  return outcome['content']
+
+
 def run_tool(tools: Mapping[str, Tool], sessions: dict[str, Any], call: ToolCall, *,
-             context: Mapping[str, Any], max_chars: int = MAX_OBSERVATION_CHARS) -> ToolResult:
+             context: Mapping[str, Any], max_chars: int = MAX_OBSERVATION_CHARS,
+             deadline_s: float | None = DEFAULT_DEADLINE_S) -> ToolResult:
   """Executes one call: never raises; a failure is an observation plus an error kind.
 
   `sessions` holds this episode's session per tool, created on first use from `context`.
+  Making the session and the call must take at most `deadline_s` seconds (None: no deadline,
+  and no thread); past it the result is TIMEOUT and the tool's session is dropped. Only a
+  non-positive deadline, the caller's mistake, raises (ValueError).
   """
+  if deadline_s is not None and not deadline_s > 0:
+    raise ValueError(f'deadline_s={deadline_s} must be > 0, or None for no deadline')
   tool = tools.get(call.name)
   if tool is None:
     return ToolResult(f'Error: unknown tool {call.name!r}; available: {", ".join(sorted(tools))}',
                       UNKNOWN_TOOL)
   try:
     check_arguments(tool.spec, call.arguments)
-    if call.name not in sessions:
-      sessions[call.name] = tool.new_session(context)
-    content = tool.call(sessions[call.name], call.arguments)
+    if deadline_s is None:
+      content = _open_and_call(tool, sessions, call, context)
+    else:
+      content = _call_with_deadline(tool, sessions, call, context, deadline_s)
     if not isinstance(content, str):
       raise ToolError(CRASH, f'{call.name} returned {type(content).__name__}, not text')
   except ToolError as e:

@@ -10,7 +10,8 @@ by kind in `state.errors`), and the episode goes on. A turn without any call (or
 that looked like one) is the final answer: the verifier scores it against the example's
 gold answer, and the episode is done. An episode that reaches `max_turns` turns of calls
 ends truncated with reward 0. The reward is the final answer's only: per-call shaping is
-`error_penalty` per failed call, 0 by default.
+`error_penalty` per failed call, 0 by default. Every call has `deadline_s` seconds
+(base.run_tool: past it, a 'timeout' error and the call's thread abandoned; None: no deadline).
 
 Deliberately not here: rendering messages to tokens (the chat template, on the episode
 loop's side), running tools concurrently across a batch (the episode loop hands calls to the
@@ -46,15 +47,18 @@ class ToolEnvironment:
 
   def __init__(self, *, tools: Sequence[str], family: str = 'qwen', verifier: str = 'exact',
                max_turns: int = 4, error_penalty: float = 0.0,
-               max_observation_chars: int = base.MAX_OBSERVATION_CHARS):
+               max_observation_chars: int = base.MAX_OBSERVATION_CHARS,
+               deadline_s: float | None = base.DEFAULT_DEADLINE_S):
     if max_turns < 1:
       raise ValueError(f'max_turns={max_turns} must be >= 1')
+    if deadline_s is not None and not deadline_s > 0:
+      raise ValueError(f'deadline_s={deadline_s} must be > 0, or None for no deadline')
     self.tools = registry.get_tools(tools)  # an unknown name fails here, at start-up.
     self.format = formats.get(family)
     verifier_registry.check_name(verifier)
     self.verify = verifier_registry.get_verifier(verifier)
     self.max_turns, self.error_penalty = max_turns, error_penalty
-    self.max_observation_chars = max_observation_chars
+    self.max_observation_chars, self.deadline_s = max_observation_chars, deadline_s
 
   def specs(self) -> list[base.ToolSpec]:
     return [tool.spec for tool in self.tools.values()]
@@ -86,7 +90,7 @@ class ToolEnvironment:
     for call in calls:
       state.tool_calls += 1
       result = base.run_tool(self.tools, state.sessions, call, context=state.example.meta,
-                             max_chars=self.max_observation_chars)
+                             max_chars=self.max_observation_chars, deadline_s=self.deadline_s)
       if result.error:
         state.errors[result.error] += 1
         failed += 1

@@ -9,6 +9,7 @@ import pytest
 from rlreason.envs import base
 from rlreason.envs import calculator
 from rlreason.envs import kb
+from rlreason.envs import registry
 from rlreason.envs import tasks
 from rlreason.envs import timeseries
 
@@ -291,6 +292,4 @@ def test_tool_context_is_the_meta():
     ex = generate(0, 1)
     json.dumps(ex.meta)  # JSON-able, lists not tuples.
     for tool_name in ex.meta['tools']:
-      tool = {'calculator': calculator.TOOL, 'kb': kb.TOOL, 'timeseries': timeseries.TOOL}[
-          tool_name]
-      tool.new_session(ex.meta)
+      registry.get_tool(tool_name).new_session(ex.meta)

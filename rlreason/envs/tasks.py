@@ -1,34 +1,44 @@
-"""Synthetic tool-use tasks for the calculator, kb and timeseries tools.
+"""Synthetic tool-use tasks for the calculator, kb, timeseries and search tools.
 
 Each generator is a pure function of (seed, index, difficulty) through rlreason.tasks'
 `example_rng`, and returns an rlreason.tasks `Example` whose `meta` is the tool context plus
 the gold tool calls:
 
   meta['tools']        tool names the episode offers (rlreason.envs.registry)
-  meta['graph'] / meta['series']   the context `tool.new_session(example.meta)` reads
+  meta['graph'] / meta['series'] / meta['corpus']   the context `tool.new_session(example.meta)`
+                       reads
   meta['gold_calls']   [{'name', 'arguments'}]: a call sequence that finds the answer; a string
                        '$k' in the arguments stands for call k's JSON output, '$k[0]' for its
                        first element (`run_gold` substitutes them)
-  meta['answer_field'] timeseries only: the key of the last stats output that is the answer
+  meta['answer_field'] timeseries: the key of the last stats output that is the answer;
+                       search: the words before the answer in the last call's top passage
 
   task           question                                            difficulty
   calc_multiply  the product of two numbers of `difficulty` digits   digits (default 12)
   kb_qa          a 2-3 call question over a graph of fictional       graph size
                  people, companies and cities
   ts_query       the index of the spike, or the maximum of a window  series length
+  search_qa      a 2-3 hop question ("Where was the founder of X     corpus size
+                 born?") over one-fact passages about fictional
+                 people, companies, cities and products
 
 The answer is what `answer_of` reads from the last gold observation. The split is by content:
 `split_of` hashes `problem_key` (the unordered operands, or the prompt plus the tool context).
+`_register()`, run on import, adds these tasks to rlreason.tasks.TASKS (rlreason.tasks must
+not import rlreason.envs, so the registration lives here).
 
-Not here: rewards, chat formatting, registration in rlreason.tasks.TASKS (these examples need
-the tools, and rlreason.tasks must not import rlreason.envs).
+Not here: rewards, chat formatting. search_qa's gold queries are literal, written by the
+generator (a '$k' reference cannot pick a name out of a passage): they show that a chain of
+searches reaches the answer, not how a model would find the next query.
 """
 
 import json
 import re
+import string
 
 from rlreason.envs import base
 from rlreason.envs import registry
+from rlreason import tasks as tasks_lib
 from rlreason.envs import timeseries
 from rlreason.tasks import example as example_lib
 
@@ -76,7 +86,7 @@ def kb_qa(seed: int, index: int, *, difficulty: int = 2) -> example_lib.Example:
   rng = example_lib.example_rng('kb_qa', seed, index, difficulty)
   taken = set()
   cities = _names(rng, 2 + difficulty, 3, taken)
-  companies = [n + ' Corp' for n in _names(rng, 2 + difficulty, 2, taken)]
+  companies = [n + ' Corp' for n in _names(rng, 2 + 4 * difficulty, 2, taken)]
   people = _names(rng, 3 + 3 * difficulty, 2, taken)
   located = {c: str(rng.choice(cities)) for c in companies}
   employer = {p: str(rng.choice(companies)) for p in people}
@@ -133,7 +143,76 @@ def ts_query(seed: int, index: int, *, difficulty: int = 2) -> example_lib.Examp
                   answer, meta)
 
 
-TASKS = {'calc_multiply': calc_multiply, 'kb_qa': kb_qa, 'ts_query': ts_query}
+# relation -> (the words between subject and object in its passage, the gold query's keyword)
+_RELATIONS = {
+    'founded_by': (' was founded by ', 'founded'),
+    'headquartered_in': (' is headquartered in ', 'headquartered'),
+    'born_in': (' was born in ', 'born'),
+    'works_for': (' works for ', 'works'),
+    'made_by': (' is made by ', 'made'),
+}
+# (question, the relations followed from its entity, the kind of entity it names)
+_SEARCH_QUESTIONS = (
+    ('Where was the founder of {} born?', ('founded_by', 'born_in'), 'company'),
+    ('In which city are the headquarters of the employer of {}?',
+     ('works_for', 'headquartered_in'), 'person'),
+    ('Who is the founder of the company that makes {}?', ('made_by', 'founded_by'), 'product'),
+    ('Where was the founder of the company that makes {} born?',
+     ('made_by', 'founded_by', 'born_in'), 'product'),
+)
+# A generated name never spells a word of the passages or questions ('Made Corp').
+_RESERVED = frozenset(w.capitalize() for text in [p for p, _ in _RELATIONS.values()] +
+                      [q for q, _, _ in _SEARCH_QUESTIONS] for w in text.split())
+
+
+def search_qa(seed: int, index: int, *, difficulty: int = 2) -> example_lib.Example:
+  """A 2-3 hop question over a corpus of one-fact passages about fictional entities.
+
+  Every company has one founder (distinct people) and one headquarters city, every person
+  one birthplace and one employer, every product one maker, so following the question's
+  relations from its entity gives exactly one answer. All of these facts are in the corpus,
+  one per passage: the other entities' passages are the distractors, and `difficulty`
+  scales their number (14 + 28 * difficulty passages). The question names only the first
+  entity, in other words than the passages use ('founder', 'employer', 'headquarters'); each
+  later entity is read from the previous hop's passage. The gold calls are one search per
+  hop, the entity's name plus the relation's word; the answer ends the last one's top passage.
+  """
+  rng = example_lib.example_rng('search_qa', seed, index, difficulty)
+  taken = set(_RESERVED)
+  cities = _names(rng, 4 + 2 * difficulty, 3, taken)
+  companies = [n + ' Corp' for n in _names(rng, 2 + 4 * difficulty, 2, taken)]
+  n_people = 2 * len(companies)
+  people = [f'{first} {last}' for first, last in zip(_names(rng, n_people, 2, taken),
+                                                     _names(rng, n_people, 3, taken))]
+  products = _names(rng, len(companies), 3, taken)
+  founders = [people[int(i)] for i in rng.permutation(n_people)[:len(companies)]]
+  facts = {'founded_by': dict(zip(companies, founders)),
+           'headquartered_in': {c: str(rng.choice(cities)) for c in companies},
+           'born_in': {p: str(rng.choice(cities)) for p in people},
+           'works_for': {p: str(rng.choice(companies)) for p in people},
+           'made_by': {p: str(rng.choice(companies)) for p in products}}
+  passages = [subject + _RELATIONS[relation][0] + obj + '.'
+              for relation, objects in facts.items() for subject, obj in objects.items()]
+  corpus = [passages[int(i)] for i in rng.permutation(len(passages))]
+  question, chain, kind = _SEARCH_QUESTIONS[int(rng.integers(len(_SEARCH_QUESTIONS)))]
+  entity = str(rng.choice({'company': companies, 'person': people, 'product': products}[kind]))
+  gold, subject = [], entity
+  for relation in chain:
+    gold.append({'name': 'search',
+                 'arguments': {'query': f'{subject} {_RELATIONS[relation][1]}'}})
+    subject = facts[relation][subject]
+  meta = {'tools': ['search'], 'corpus': corpus, 'answer_field': _RELATIONS[chain[-1]][0],
+          'gold_calls': gold}
+  return _example('search_qa', seed, index, difficulty,
+                  question.format(entity) + ' Use the search tool on the document collection.',
+                  subject, meta)
+
+
+TASKS = {'calc_multiply': calc_multiply, 'kb_qa': kb_qa, 'ts_query': ts_query,
+         'search_qa': search_qa}
+DEFAULT_DIFFICULTY = {'calc_multiply': 12, 'kb_qa': 2, 'ts_query': 2, 'search_qa': 2}
+# Prompts, calls and observations (JSON, names, decimals) are printable ASCII.
+CHARS = string.printable
 
 
 def problem_key(example: example_lib.Example) -> str:
@@ -175,10 +254,24 @@ def run_gold(example: example_lib.Example) -> list[base.ToolResult]:
 
 
 def answer_of(observation: str, meta: dict) -> str:
-  """The answer a gold observation states: a lone list element, a stats field, or a number."""
+  """The answer a gold observation states: a lone list element, a stats field, a number, or
+  (search) what follows meta['answer_field'] in the top passage, up to its final period."""
+  if meta['tools'] == ['search']:
+    top = observation.split('\n', 1)[0]
+    return top.partition(meta['answer_field'])[2].removesuffix('.')
   value = json.loads(observation)
   if isinstance(value, dict):
     value = value[meta['answer_field']]
   if isinstance(value, list) and len(value) == 1:
     value = value[0]
   return value if isinstance(value, str) else json.dumps(value)
+
+
+def _register() -> None:
+  """Makes the tool-use tasks streamable by rlreason.tasks.data (data.task='calc_multiply')."""
+  for name, fn in TASKS.items():
+    tasks_lib.register(tasks_lib.Task(name=name, generate=fn, problem_key=problem_key,
+                                      default_difficulty=DEFAULT_DIFFICULTY[name], chars=CHARS))
+
+
+_register()

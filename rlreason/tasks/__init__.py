@@ -50,6 +50,14 @@ TASKS = {
 }
 
 
+def register(task: Task) -> None:
+  """Adds a task defined outside this package: rlreason.envs.tasks registers its tool-use
+  tasks when imported (this package must not import rlreason.envs)."""
+  if task.name in TASKS and TASKS[task.name] != task:
+    raise ValueError(f'task {task.name!r} is already registered')
+  TASKS[task.name] = task
+
+
 def behaviour_mode_fn(task: str) -> Callable[[str], int] | None:
   """The synthetic task's `behaviour_mode(completion) -> int` (IFPO's modes), or None."""
   return TASKS[task].behaviour_mode if task in TASKS else None
@@ -69,4 +77,5 @@ def split_of(example: Example, *, held_out_fraction: float = HELD_OUT_FRACTION) 
 
 
 __all__ = ['Example', 'HELD_OUT', 'HELD_OUT_FRACTION', 'TASKS', 'TRAIN', 'Task', 'get_task',
+           'register',
            'split_of']

@@ -51,6 +51,9 @@ class Rollout:
     prefix tokens that came with them.
   truncated_N: the row hit max_new_tokens without a stop token.
   lengths_N: number of real completion tokens (sum of mask_NxL).
+  loss_mask_NxL: multi-turn episodes only (rollout/episodes.py): the tokens the policy sampled,
+    a subset of mask_NxL (observations are real tokens, never trained); None: mask_NxL.
+  turn_NxL: multi-turn episodes only: each token's turn index (int32); None: all turn 0.
   """
   prompts: Prompts
   tokens_NxL: jax.Array
@@ -61,6 +64,8 @@ class Rollout:
   truncated_N: jax.Array
   lengths_N: jax.Array
   group_size: int = flax.struct.field(pytree_node=False, default=1)
+  loss_mask_NxL: jax.Array | None = None
+  turn_NxL: jax.Array | None = None
 
 
 @flax.struct.dataclass

@@ -1,0 +1,198 @@
+"""Multi-turn episodes: token in/token out, kept cache == full forward, masks, budgets, errors."""
+
+import dataclasses
+import string
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlreason.envs import base
+from rlreason.envs import environment
+from rlreason.envs import render
+from rlreason.envs import tasks as env_tasks
+from rlreason.model import tokenizer
+from rlreason.model import transformer
+from rlreason.rollout import episodes as episodes_lib
+from rlreason.rollout import sampler
+
+TOK = tokenizer.from_characters(string.printable)
+CFG = transformer.ModelConfig(vocab_size=TOK.vocab_size, hidden_size=32, intermediate_size=64,
+                              num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+                              qkv_bias=True)
+RENDERER = render.TextRenderer(prompt_template='Q:{prompt}\nA:')
+
+
+@pytest.fixture(scope='module')
+def params():
+  return transformer.init_params(CFG, jax.random.key(0))
+
+
+@dataclasses.dataclass
+class _State:
+  example: object
+  turns: int = 0
+  tool_calls: int = 0
+  reward: float = 0.0
+  errors: dict = dataclasses.field(default_factory=dict)
+
+
+class FakeEnv:
+  """Ignores what the model wrote: `observations[t]` after turn t, done after the last one.
+  The reward is 0.25 per turn taken."""
+
+  def __init__(self, observations):
+    self.observations = observations
+
+  def reset(self, example):
+    return _State(example)
+
+  def step(self, state, turn_text):
+    t = state.turns
+    state.turns += 1
+    state.reward += 0.25
+    done = t >= len(self.observations)
+    messages = [] if done else [{'role': 'tool', 'content': self.observations[t]}]
+    return base.Step(observation='', reward=0.25, done=done,
+                     info={'messages': messages, 'truncated': False})
+
+
+def _examples(count):
+  return [env_tasks.calc_multiply(0, i, difficulty=2) for i in range(count)]
+
+
+def _run(params, env, examples, **kw):
+  args = dict(cfg=CFG, group_size=2, max_turns=3, max_turn_tokens=6, max_observation_tokens=24,
+              max_total_tokens=64, rng=jax.random.key(3), prompt_buckets=(48,), temperature=1.0,
+              stop_seqs=((TOK.token_to_id('!'),),))
+  args.update(kw)
+  return episodes_lib.run_episodes(params, env, RENDERER, TOK, examples, **args)
+
+
+def _full_forward_logprobs(params, ep):
+  tokens, mask = sampler.sequences(ep.rollout)
+  logp = jax.nn.log_softmax(transformer.apply(params, tokens, cfg=CFG, mask_NxT=mask)[0], -1)
+  p = ep.rollout.prompts.tokens_BxP.shape[1]
+  return jnp.take_along_axis(logp[:, p - 1:-1], ep.rollout.tokens_NxL[..., None], -1)[..., 0]
+
+
+def test_episode_tokens_are_the_hand_built_conversation(params):
+  env = FakeEnv(['12', '345'])
+  ep = _run(params, env, _examples(2))
+  r = ep.rollout
+  tokens, count = np.asarray(r.tokens_NxL), np.asarray(r.lengths_N)
+  loss, turn = np.asarray(r.loss_mask_NxL), np.asarray(r.turn_NxL)
+  for n in range(4):
+    text = ''
+    for t, entry in enumerate(ep.transcripts[n]):
+      assert entry['turn'] == t
+      text += entry['text']
+      if entry.get('observation'):
+        assert entry['observation'] == f'<result>{env.observations[t]}</result>'
+        text += entry['observation']
+    # Each turn's text is re-tokenised only here, to compare (chars: one token per char).
+    assert TOK.decode(tokens[n, :count[n]].tolist(), skip_special_tokens=True) == text
+    assert ep.turns_N[n] == len(ep.transcripts[n]) == 3
+    assert ep.rewards_N[n] == 0.75
+    # Loss only on sampled tokens; observation tokens carry the turn they answer.
+    obs_cols = np.flatnonzero(~loss[n, :count[n]])
+    assert len(obs_cols) == ep.observation_tokens_N[n] == len('<result>12</result>') + len(
+        '<result>345</result>')
+    assert not loss[n, count[n]:].any()
+    assert turn[n, obs_cols[0]] == 0 and turn[n, obs_cols[-1]] == 1
+    assert set(turn[n, :count[n]][loss[n, :count[n]]]) <= {0, 1, 2}
+
+
+@pytest.mark.parametrize('temperature', [1.0, 0.7])
+def test_kept_cache_equals_full_forward(params, temperature):
+  """Log-probs recorded while decoding with the kept cache equal a fresh forward pass over
+  the whole conversation (fp32), on every sampled token of every turn."""
+  ep = _run(params, FakeEnv(['7', '89']), _examples(3), temperature=temperature)
+  full = _full_forward_logprobs(params, ep)
+  if temperature != 1.0:
+    tokens, mask = sampler.sequences(ep.rollout)
+    logits = transformer.apply(params, tokens, cfg=CFG, mask_NxT=mask)[0] / temperature
+    p = ep.rollout.prompts.tokens_BxP.shape[1]
+    full = jnp.take_along_axis(jax.nn.log_softmax(logits, -1)[:, p - 1:-1],
+                               ep.rollout.tokens_NxL[..., None], -1)[..., 0]
+  loss = np.asarray(ep.rollout.loss_mask_NxL)
+  assert loss.sum() > 20 and (~loss & np.asarray(ep.rollout.mask_NxL)).sum() > 10
+  np.testing.assert_allclose(np.asarray(ep.rollout.logprobs_NxL)[loss], np.asarray(full)[loss],
+                             atol=1e-5)
+
+
+def test_turn_stops_at_stop_sequence_and_budget_truncates(params):
+  # Greedy decoding of this random model: find a token it emits, make it the stop sequence.
+  probe = _run(params, FakeEnv(['1']), _examples(1), temperature=0.0, max_turns=1,
+               stop_seqs=())
+  first = int(probe.rollout.tokens_NxL[0, 0])
+  ep = _run(params, FakeEnv(['1', '2']), _examples(1), temperature=0.0, stop_seqs=((first,),))
+  tokens = np.asarray(ep.rollout.tokens_NxL[0])
+  loss = np.asarray(ep.rollout.loss_mask_NxL[0])
+  assert ep.transcripts[0][0]['tokens'] == 1
+  # Every turn ends at the stop token or at max_turn_tokens.
+  starts = np.flatnonzero(loss & ~np.concatenate([[False], loss[:-1]]))
+  for entry, start in zip(ep.transcripts[0], starts):
+    assert entry['tokens'] == 6 or tokens[start + entry['tokens'] - 1] == first
+  # A budget too small for the second observation: the episode ends truncated, no loss there.
+  small = _run(params, FakeEnv(['1' * 10, '2']), _examples(1), max_total_tokens=12,
+               temperature=0.0, stop_seqs=((first,),))
+  assert small.truncated_N.all() and (np.asarray(small.rollout.lengths_N) <= 12).all()
+
+
+def test_compiles_once_per_bucket(params):
+  _run(params, FakeEnv(['1', '22']), _examples(2))
+  sizes = [f._cache_size() for f in _compiled(params)]
+  _run(params, FakeEnv(['333', '4']), _examples(4)[2:], rng=jax.random.key(9))
+  # Other tests compiled other batch sizes; the second batch (same shapes) adds nothing.
+  assert [f._cache_size() for f in _compiled(params)] == sizes and min(sizes) >= 1
+
+
+def _compiled(params):
+  del params
+  static = dict(cfg=CFG, group_size=2, length=64, slots=episodes_lib.cache_slots(3, 6, 24),
+                pad_id=0, cache_dtype=None, mesh=None)
+  stop = ((TOK.token_to_id('!'),),)
+  return [episodes_lib._start_fn(**static),
+          episodes_lib._decode_fn(**static, steps=6, greedy=False, top_k=0, top_p=1.0,
+                                  eos=tuple(sorted(TOK.eos_ids)), stop_seqs=stop),
+          episodes_lib._observe_fn(**static, width=24)]
+
+
+class ScriptedEnv:
+  """A real ToolEnvironment fed scripted turns instead of the model's (bad input cases)."""
+
+  def __init__(self, turns, **kw):
+    self.env = environment.ToolEnvironment(tools=['calculator'], family='tags', verifier='exact',
+                                           **kw)
+    self.turns = turns
+    self.format = self.env.format
+
+  def reset(self, example):
+    return self.env.reset(example)
+
+  def step(self, state, turn_text):
+    del turn_text
+    return self.env.step(state, self.turns[state.turns])
+
+
+def test_tool_errors_are_observations_and_counted(params):
+  turns = ['<call>calculator: {"expression": 2*</call>',  # malformed JSON
+           '<call>calc: {"expression": "1"}</call><call>calculator: {"expression": 5}</call>',
+           '<call>calculator: {"expression": "9**9**9**9"}</call>']
+  ep = _run(params, ScriptedEnv(turns + ['done'], max_turns=5), _examples(1), max_turns=4,
+            max_observation_tokens=200, max_total_tokens=600)
+  errors = {k: int(v[0]) for k, v in ep.errors_N.items()}
+  assert errors['malformed'] == 1 and errors['unknown_tool'] == 1
+  assert errors['bad_arguments'] == 1 and sum(errors.values()) >= 4
+  observations = [e.get('observation') or '' for e in ep.transcripts[0]]
+  assert 'malformed' in observations[0] and 'unknown tool' in observations[1]
+  assert ep.tool_calls_N[0] == 3 and ep.turns_N[0] == 4 and not ep.truncated_N[0]
+
+
+def test_long_observation_is_cut_with_a_marker(params):
+  env = FakeEnv(['x' * 500])
+  ep = _run(params, env, _examples(1), max_observation_tokens=60, max_total_tokens=200)
+  obs = ep.transcripts[0][0]['observation']
+  assert obs.startswith('<result>x') and 'truncated' in obs and len(obs) <= 60

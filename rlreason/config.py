@@ -97,6 +97,19 @@ def default() -> ml_collections.ConfigDict:
       steps=0, batch_size=64, lr=3e-3, warmup_steps=50, decay=True, grad_clip=0.0, teacher='',
       teacher_options={}))
 
+  # Multi-turn episodes with tools (rollout/episodes.py, envs/). When enabled, each row is an
+  # episode: the model's turns, the tools' observations between them, rl.max_new_tokens real
+  # tokens at most in all (observations included); the reward is the environment's (its
+  # `verifier` scores the final answer; `error_penalty` per failed call). `tools` names
+  # envs.registry tools; `family` the tool-call format ('tags' for template-less models,
+  # 'qwen'/'llama3' render with the tokenizer's chat template); `system_prompt` 'tools' writes
+  # the tags format's tool list. Transcripts of `transcripts` episodes are written at every
+  # evaluation (workdir/episodes/, `python -m rlreason.episodes show WORKDIR`).
+  c.env = ml_collections.ConfigDict(dict(
+      enabled=False, tools=(), family='tags', verifier='exact', max_turns=4, max_turn_tokens=64,
+      max_observation_tokens=128, error_penalty=0.0, deadline_s=10.0, system_prompt='',
+      chat_kwargs={}, workers=8, transcripts=16))
+
   c.eval = ml_collections.ConfigDict(dict(every=0, num_prompts=500, k=1, temperature=0.0))
   c.checkpoint = ml_collections.ConfigDict(dict(every=0, keep=3))
   # The final policy as a Hugging Face directory (config.json + safetensors); '' skips it.
@@ -121,6 +134,7 @@ def completion_length(config) -> int:
 def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
   """Raises ValueError listing every inconsistent field; returns None when the config is sound."""
   from rlreason import tasks
+  from rlreason.envs import tasks as env_tasks  # noqa: F401 (registers the tool-use tasks)
   from rlreason.model import sharding
   from rlreason.objectives import advantage_transforms
   from rlreason.objectives import advantages
@@ -192,7 +206,10 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
     check(len(c.judge.labels) == 3, f'judge.labels={c.judge.labels} must be 3 strings.')
     check(bool(c.judge.model), "judge.model is empty; 'policy', an HF dir or 'random-tiny'.")
   _check_objective(c, check)
-  _check_verifier_items(c, check)
+  if c.env.enabled:
+    _check_env(c, check)
+  else:
+    _check_verifier_items(c, check)
   _check_sandbox(c, check)
   if errors:
     raise ValueError('invalid config:\n  ' + '\n  '.join(errors))
@@ -318,6 +335,35 @@ def _check_objective(c, check) -> None:
   check(0 <= ov.cache_len <= length, f'overlong.cache_len={ov.cache_len} must be in '
                                      f'[0, {length}] (the completion length L_max).')
   check(ov.penalty_factor >= 0, f'overlong.penalty_factor={ov.penalty_factor} must be >= 0.')
+
+
+def _check_env(c, check) -> None:
+  """Tool names, the format, the verifier and the episode's token budgets."""
+  from rlreason.envs import formats
+  from rlreason.envs import registry as tool_registry
+  from rlreason.verifiers import registry
+  e, rl = c.env, c.rl
+  check(bool(e.tools), 'env.tools is empty; name the tools an episode offers, e.g. '
+                       "('calculator',).")
+  unknown = [t for t in e.tools if t not in tool_registry.TOOLS]
+  check(not unknown, f'env.tools names unknown tool(s) {unknown}; known: '
+                     f'{sorted(tool_registry.TOOLS)}.')
+  check(e.family in formats.FORMATS, f'env.family={e.family!r}; known: {sorted(formats.FORMATS)}.')
+  try:
+    registry.check_name(e.verifier)
+  except ValueError as err:
+    check(False, f'env.verifier: {err}')
+  check(e.max_turns >= 1, f'env.max_turns={e.max_turns} must be >= 1.')
+  check(1 <= e.max_turn_tokens <= rl.max_new_tokens,
+        f'env.max_turn_tokens={e.max_turn_tokens} must be in [1, rl.max_new_tokens='
+        f'{rl.max_new_tokens}] (rl.max_new_tokens is the whole episode\'s token budget).')
+  check(e.max_turns == 1 or e.max_observation_tokens >= 1,
+        f'env.max_observation_tokens={e.max_observation_tokens} must be >= 1.')
+  check(e.deadline_s is None or e.deadline_s > 0, f'env.deadline_s={e.deadline_s} must be > 0.')
+  for section in ('hapo', 'prefix_rollouts', 'judge'):
+    check(not c[section].enabled, f'{section}.enabled does not apply to env episodes (their '
+                                  'rows are conversations, not single completions).')
+  check(not c.overlong.enabled, 'overlong.enabled does not apply to env episodes.')
 
 
 def _check_verifier_items(c, check) -> None:

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlreason import tasks
+from rlreason.envs import tasks as env_tasks  # noqa: F401 (registers the tool tasks)
 from rlreason.tasks import data
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,7 +52,10 @@ def test_synthetic_stream_is_deterministic_and_seeded():
   assert all(e.difficulty == 5 for e in first)
 
 
-@pytest.mark.parametrize('name', sorted(tasks.TASKS))
+# Fixed (collection order decides whether rlreason.envs.tasks has registered its tasks yet);
+# search_qa's split is tested in envs_search_task_test.py (3000 corpora take ~10 s).
+@pytest.mark.parametrize('name', ['arithmetic', 'calc_multiply', 'countdown',
+                                  'group_composition', 'kb_qa', 'policy_recall', 'ts_query'])
 def test_train_stream_and_held_out_set_never_overlap(name):
   train = _take(iter(data.synthetic_stream(name, seed=0)), 3000)
   held_out = data.held_out_set(name, 300, seed=0)
@@ -60,7 +64,8 @@ def test_train_stream_and_held_out_set_never_overlap(name):
   held_keys = {task.problem_key(e) for e in held_out}
   assert len(held_keys) == 300  # Distinct...
   assert not train_keys & held_keys  # ...and never trained on,
-  assert not {e.prompt for e in train} & {e.prompt for e in held_out}  # not even verbatim.
+  if name not in ('kb_qa', 'ts_query'):  # Their problem is the prompt with its graph/series.
+    assert not {e.prompt for e in train} & {e.prompt for e in held_out}  # not even verbatim.
   assert data.held_out_set(name, 300, seed=0) == held_out
 
 

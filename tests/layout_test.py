@@ -24,11 +24,12 @@ ALLOWED = {
     'tasks': {'verifiers'},
     'multihost': {'verifiers'},
     'rollout': {'model', 'structs', 'tasks', 'verifiers'},
-    'config': {'model', 'objectives', 'rollout', 'tasks', 'verifiers'},
-    'rl': {'config', 'model', 'multihost', 'objectives', 'rollout', 'structs', 'tasks',
+    'config': {'envs', 'model', 'objectives', 'rollout', 'tasks', 'verifiers'},
+    'rl': {'config', 'envs', 'model', 'multihost', 'objectives', 'rollout', 'structs', 'tasks',
            'verifiers'},
     'dynamics': {'model', 'objectives', 'rl', 'structs', 'tasks'},
     'main': {'config', 'model', 'multihost', 'rl'},
+    'episodes': {'envs'},
 }
 
 

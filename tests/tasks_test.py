@@ -22,6 +22,7 @@ DIFFICULTIES = {
     'group_composition': (1, 3, 8),
     'policy_recall': (1, 4, 7),
 }
+BUILT_IN = sorted(DIFFICULTIES)  # rlreason.envs.tasks registers its tool tasks when imported.
 
 
 def _examples(name, n, seed=0, **options):
@@ -30,7 +31,7 @@ def _examples(name, n, seed=0, **options):
   return [task.generate(seed, i, difficulty=ds[i % len(ds)], **options) for i in range(n)]
 
 
-@pytest.mark.parametrize('name', sorted(tasks.TASKS))
+@pytest.mark.parametrize("name", BUILT_IN)
 def test_same_seed_and_index_give_the_same_example(name):
   a, b = _examples(name, 50), _examples(name, 50)
   assert a == b
@@ -48,7 +49,7 @@ def test_golden_arithmetic_example():
       meta={'operands': [34838, 76388], 'carries': 5})
 
 
-@pytest.mark.parametrize('name', sorted(tasks.TASKS))
+@pytest.mark.parametrize("name", BUILT_IN)
 def test_every_character_is_in_the_task_vocabulary(name):
   chars = set(tasks.get_task(name).chars)
   for ex in _examples(name, 2000):
@@ -56,7 +57,7 @@ def test_every_character_is_in_the_task_vocabulary(name):
     assert ex.task == name
 
 
-@pytest.mark.parametrize('name', sorted(tasks.TASKS))
+@pytest.mark.parametrize("name", BUILT_IN)
 def test_reference_solutions_score_correct_under_the_verifiers(name):
   # The contract with rlreason.verifiers: answer and meta form the item, and the worked
   # solution is a completion the checker of the same name accepts.
@@ -69,7 +70,7 @@ def test_reference_solutions_score_correct_under_the_verifiers(name):
 
 def test_get_task_lists_known_names():
   assert tasks.get_task('countdown').name == 'countdown'
-  with pytest.raises(KeyError, match='arithmetic, countdown, group_composition, policy_recall'):
+  with pytest.raises(KeyError, match='arithmetic, .*countdown, group_composition, .*policy_recall'):
     tasks.get_task('sudoku')
 
 
@@ -83,7 +84,7 @@ SMALL_SPACES = {
 }
 
 
-@pytest.mark.parametrize('name', sorted(tasks.TASKS))
+@pytest.mark.parametrize("name", BUILT_IN)
 def test_a_problem_generated_twice_lands_in_the_same_split(name):
   task = tasks.get_task(name)
   splits = collections.defaultdict(set)

@@ -275,3 +275,26 @@ def _register() -> None:
 
 
 _register()
+
+
+def calculator_trace(example: example_lib.Example, rng, *, call_prob: float = 0.25,
+                     head_error_digits: int = 1) -> list[list]:
+  """A flawed SFT teacher for calc_multiply in the 'tags' format (an episode as [text,
+  trained] segments; the observation is the calculator's output, never trained).
+
+  With probability `call_prob` it calls the calculator and copies the result; otherwise it
+  answers from its head: the true product with `head_error_digits` random digits changed
+  (never right). SFT on it learns mostly to guess; RL on the environment's reward has to
+  discover that the call pays.
+  """
+  expression = example.meta['gold_calls'][0]['arguments']['expression'].replace(' ', '')
+  if rng.random() < call_prob:
+    call = f'<call>calculator: {{"expression": "{expression}"}}</call>'
+    return [[call, True], [f'<result>{example.answer}</result>', False], [example.answer, True]]
+  digits = list(example.answer)
+  for i in rng.choice(len(digits), size=min(head_error_digits, len(digits)), replace=False):
+    digits[i] = str((int(digits[i]) + int(rng.integers(1, 10))) % 10)
+  if digits[0] == '0':
+    digits[0] = str(int(rng.integers(1, 10)))
+  guess = ''.join(digits)
+  return [[guess if guess != example.answer else guess + '0', True]]

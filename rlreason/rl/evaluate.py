@@ -78,12 +78,14 @@ def answer_key(text: str) -> str | None:
   return key or None
 
 
-def sample_verdicts(run, params, *, k: int, temperature: float, rng):
+def sample_verdicts(run, params, *, k: int, temperature: float, rng, on_episodes=None):
   """k samples per held-out prompt, judged: (correct_BxK, answers_BxK or None, tokens).
 
   Chunks of run.eval_chunk prompts (the last one padded: one shape, one compilation), each
   sampled with the same key. Answers are None on more than one process (each host decodes
-  only its rows), so majority vote is then left out.
+  only its rows), so majority vote is then left out. With run.env, each sample is an episode
+  judged by the environment's verifier, and `on_episodes(episodes, examples)` sees the first
+  chunk's.
   """
   import jax
   from rlreason.rl.rl_batch import decode_completions, verify
@@ -94,6 +96,13 @@ def sample_verdicts(run, params, *, k: int, temperature: float, rng):
   for start in range(0, len(examples), chunk):
     part = examples[start:start + chunk]
     padded = part + [part[-1]] * (chunk - len(part))
+    if run.env is not None:
+      ok_BxK, keys, n_tokens = _episode_verdicts(run, params, padded, k, temperature, rng,
+                                                 on_episodes if start == 0 else None)
+      correct.append(ok_BxK[:len(part)])
+      answers += [keys[b * k:(b + 1) * k] for b in range(len(part))]
+      tokens += n_tokens
+      continue
     rollout = sampler.generate(
         params, encode_prompts(run, padded), cfg=run.cfg, group_size=k,
         max_new_tokens=run.config.rl.max_new_tokens, temperature=temperature,
@@ -109,10 +118,24 @@ def sample_verdicts(run, params, *, k: int, temperature: float, rng):
   return (np.concatenate(correct), answers if jax.process_count() == 1 else None, tokens)
 
 
-def evaluate(run, params, *, k: int, temperature: float, rng) -> dict[str, float]:
+def _episode_verdicts(run, params, examples, k, temperature, rng, on_episodes):
+  """(correct_BxK, answer keys per episode, sampled tokens) of k episodes per example."""
+  from rlreason.rl.train import run_episodes
+  from rlreason.rollout import episodes as episodes_lib
+  episodes = run_episodes(run, params, examples, rng, group_size=k, temperature=temperature)
+  if on_episodes is not None:
+    on_episodes(episodes, examples)
+  ok_BxK = episodes_lib.correct_N(episodes).reshape(len(examples), k)
+  keys = [answer_key(t[-1]['text']) if t else None for t in episodes.transcripts]
+  rows = len(examples) * k
+  return ok_BxK, keys, int(np.asarray(episodes.rollout.loss_mask_NxL)[:rows].sum())
+
+
+def evaluate(run, params, *, k: int, temperature: float, rng,
+             on_episodes=None) -> dict[str, float]:
   """pass@1, pass@k, mean@k, maj@k on run.eval_examples, and the tokens generated."""
   correct_BxK, answers_BxK, tokens = sample_verdicts(run, params, k=k, temperature=temperature,
-                                                     rng=rng)
+                                                     rng=rng, on_episodes=on_episodes)
   out = summarize(correct_BxK, answers_BxK=answers_BxK, ks=sorted({1, k}))
   out['generated_tokens'] = float(tokens)
   return out

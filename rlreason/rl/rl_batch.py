@@ -122,13 +122,24 @@ def verify(run, rollout: Rollout, examples, *, progress: float, return_verdicts:
   return scores.rewards_BxG, (verdicts if return_verdicts else scores.metrics)
 
 
+def score_episodes(run, episodes) -> Scores:
+  """Scores of a batch of episodes: the environment's rewards (its verifier scored each final
+  answer), and the episode metrics."""
+  from rlreason.rollout import episodes as episodes_lib
+  rewards_BxG = np.asarray(episodes.rewards_BxG, np.float32)
+  metrics = episodes_lib.metrics(episodes)
+  metrics['train/accuracy'] = float(np.mean(episodes_lib.correct_N(episodes)))
+  return Scores(rewards_BxG=rewards_BxG, verifier_BxG=rewards_BxG,
+                modes_BxG=np.full(rewards_BxG.shape, -1, np.int32), metrics=metrics)
+
+
 def select_groups(rollout: Rollout, groups_K) -> Rollout:
   """The rollout restricted to prompts `groups_K` (and their G rows each)."""
   g = rollout.group_size
   rows = (np.asarray(groups_K)[:, None] * g + np.arange(g)).reshape(-1)
   prompts = jax.tree.map(lambda x: x[groups_K], rollout.prompts)
   per_row = {f.name: getattr(rollout, f.name)[rows] for f in rollout.__dataclass_fields__.values()
-             if f.name not in ('prompts', 'group_size')}
+             if f.name not in ('prompts', 'group_size') and getattr(rollout, f.name) is not None}
   return Rollout(prompts=prompts, group_size=g, **per_row)
 
 
@@ -159,7 +170,10 @@ def dynamic_filter(rounds, num_groups: int, *, enabled: bool = True):
                     for f in ('rewards_BxG', 'verifier_BxG', 'modes_BxG')),
                   metrics=rounds[0][1].metrics)
   real_N = np.repeat(np.arange(len(chosen)) < real, rollout.group_size)
-  rollout = rollout.replace(mask_NxL=rollout.mask_NxL & jnp.asarray(real_N)[:, None])
+  real_Nx1 = jnp.asarray(real_N)[:, None]
+  rollout = rollout.replace(mask_NxL=rollout.mask_NxL & real_Nx1)
+  if rollout.loss_mask_NxL is not None:
+    rollout = rollout.replace(loss_mask_NxL=rollout.loss_mask_NxL & real_Nx1)
   return rollout, scores, real / num_groups
 
 
@@ -175,16 +189,19 @@ def make_train_batch(run, params, rollout: Rollout, *, value_params=None):
   old_values = None
   if value_params is not None:
     old_values = run.values(params, value_params, tokens_NxT, mask_NxT, length)
+  episodes = rollout.loss_mask_NxL is not None  # Multi-turn: observations are not trained.
   batch = TrainBatch(
-      tokens_NxT=tokens_NxT, mask_NxT=mask_NxT, loss_mask_NxL=rollout.mask_NxL,
+      tokens_NxT=tokens_NxT, mask_NxT=mask_NxT,
+      loss_mask_NxL=rollout.loss_mask_NxL if episodes else rollout.mask_NxL,
       advantages_NxL=jnp.zeros(rollout.mask_NxL.shape, jnp.float32),
       old_logprobs_NxL=stats.logprobs_NxT, ref_logprobs_NxL=ref,
       # NaN marks tokens that count as the learner's own (HAPO teacher traces, mixed_policy.py).
       behaviour_logprobs_NxL=jnp.where(jnp.isnan(rollout.behaviour_logprobs_NxL),
                                        stats.logprobs_NxT, rollout.behaviour_logprobs_NxL),
       prefix_mask_NxL=rollout.prefix_mask_NxL,
-      # Single-turn episodes: one turn, id 0 (multi-turn rollouts will fill this per token).
-      turn_ids_NxL=jnp.zeros(rollout.mask_NxL.shape, jnp.int32),
+      # Single-turn: one turn, id 0; episodes record each token's turn.
+      turn_ids_NxL=(rollout.turn_NxL if episodes and rollout.turn_NxL is not None
+                    else jnp.zeros(rollout.mask_NxL.shape, jnp.int32)),
       old_values_NxL=old_values)
   return batch, stats
 

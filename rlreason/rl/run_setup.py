@@ -21,6 +21,9 @@ import optax
 from rlreason import config as config_lib
 from rlreason import multihost
 from rlreason import tasks
+from rlreason.envs import environment as environment_lib
+from rlreason.envs import render
+from rlreason.envs import tasks as env_tasks  # noqa: F401 (registers the tool-use tasks)
 from rlreason.model import sharding
 from rlreason.model import tokenizer as tokenizer_lib
 from rlreason.model import transformer
@@ -68,6 +71,8 @@ class Run:
   init_value_params: Any = None  # the fresh value head
   value_optimizer: Any = None  # and its optimizer (critic.lr).
   restored: bool = False  # Set by restore_or_init: whether a checkpoint was found.
+  env: Any = None  # With env.enabled: the envs.environment.ToolEnvironment
+  renderer: Any = None  # and the text around its turns (envs.render).
 
   def restore_or_init(self):
     """(state, step): the newest restorable checkpoint, or fresh state at step 0.
@@ -233,7 +238,8 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
       aggregation=o.aggregation, max_len=config_lib.completion_length(config), kl_coef=o.kl_coef,
       kl_estimator=o.kl_estimator, entropy_coef=o.entropy_coef,
       temperature=max(config.rl.temperature, 1e-6), group_size=config.rl.group_size,
-      value_coef=critic.coef if critic.enabled else 0.0, value_clip=critic.clip)
+      value_coef=critic.coef if critic.enabled else 0.0, value_clip=critic.clip,
+      num_turns=config.env.max_turns if config.env.enabled else 1)
   train_step = jax.jit(
       lambda s, b: update.train_step(s, b, cfg=cfg, objective=objective, optimizer=optimizer,
                                      micro_batches=config.rl.micro_batches,
@@ -263,14 +269,35 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
     run.init_value_params = jax.device_put(value_params, state_sh.value_params)
     run.values = jax.jit(lambda p, v, t, m, l: update.values_step(
         p, v, t, m, cfg=cfg, completion_len=l), static_argnums=4)
+  if jax.process_count() > 1 and config.env.enabled:
+    raise ValueError('env.enabled is single-host for now: the episode loop reads every row\'s '
+                     'tokens on the host between turns.')
   if jax.process_count() > 1 and (config.hapo.enabled or config.prefix_rollouts.enabled):
     # Teacher traces are built and verified on the host, and the sampler checks prefixes on
     # the host: both assume every row is addressable here.
     raise ValueError('hapo.enabled and prefix_rollouts.enabled are single-host for now.')
+  if config.env.enabled:
+    run.env, run.renderer = make_environment(config, tok, eval_examples[:8])
   if config.judge.enabled:
     run.judge, run.reward_mix = judge_lib.from_config(config.judge, policy_cfg=cfg, policy_tok=tok,
                                                       mesh=mesh, seed=config.seed)
   return run
+
+
+def make_environment(config, tok, examples=()):
+  """(ToolEnvironment, renderer) from config.env; `examples`' tool contexts are checked now
+  (a missing corpus file fails at start-up, naming it)."""
+  e = config.env
+  env = environment_lib.ToolEnvironment(
+      tools=tuple(e.tools), family=e.family, verifier=e.verifier, max_turns=e.max_turns,
+      error_penalty=e.error_penalty, deadline_s=e.deadline_s)
+  for example in examples:
+    env.check_context(example.meta)
+  renderer = render.make_renderer(tok, family=e.family, tools=env.specs(),
+                                  system_prompt=e.system_prompt,
+                                  prompt_template=config.data.prompt_template,
+                                  chat_kwargs=dict(e.chat_kwargs))
+  return env, renderer
 
 
 _TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json',
@@ -308,17 +335,32 @@ def teacher_fn(name: str, options) -> Callable:
 
 
 def sft_batch(run: Run, examples, solutions, length: int):
-  """Right-padded prompt+solution+eos rows and the loss mask on solution+eos."""
+  """Right-padded prompt+solution+eos rows and the loss mask on solution+eos.
+
+  A solution is a string, or (for tool-use traces) a list of [text, trained] segments: an
+  episode's turns (trained) and its observations (encoded the same way, never trained).
+  """
   tokens = np.full((len(examples), length), run.pad_id, np.int32)
   loss_mask = np.zeros((len(examples), length), bool)
-  template = run.config.data.prompt_template
   for i, (ex, sol) in enumerate(zip(examples, solutions)):
-    prompt = run.tok.encode(template.format(prompt=ex.prompt))
-    target = run.tok.encode(sol) + [run.tok.eos_id]
-    row = (prompt + target)[:length]
-    tokens[i, :len(row)] = row
-    loss_mask[i, len(prompt):len(row)] = True
+    prompt = run.tok.encode(prompt_text(run, ex))
+    pieces = [[sol, True]] if isinstance(sol, str) else sol
+    ids, trained = list(prompt), [False] * len(prompt)
+    for text, train_it in pieces:
+      piece = run.tok.encode(text)
+      ids += piece
+      trained += [bool(train_it)] * len(piece)
+    ids, trained = (ids + [run.tok.eos_id])[:length], (trained + [True])[:length]
+    tokens[i, :len(ids)] = ids
+    loss_mask[i, :len(ids)] = trained
   return jnp.asarray(tokens), jnp.asarray(loss_mask)
+
+
+def prompt_text(run: Run, example) -> str:
+  """The prompt as the policy sees it: the episode renderer's, or data.prompt_template's."""
+  if run.renderer is not None:
+    return run.renderer.prompt_text(example)
+  return run.config.data.prompt_template.format(prompt=example.prompt)
 
 
 def sft_loop(run: Run, state, *, steps: int, writer=None, solutions=None, seed_offset: int = 0,

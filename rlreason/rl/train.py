@@ -27,9 +27,10 @@ from rlreason.model import sharding
 from rlreason.rl import checkpoint
 from rlreason.rl import metrics as metrics_lib
 from rlreason.rl import mixed_policy
+from rlreason.rollout import episodes as episodes_lib
 from rlreason.rollout import sampler
 from rlreason.rl.rl_batch import (advantages_for, dynamic_filter, make_train_batch, score,
-                               throughput, zero_variance_fraction)
+                               score_episodes, throughput, zero_variance_fraction)
 from rlreason.rl.run_setup import Run, build, encode_prompts, export_policy, sft_loop
 
 
@@ -47,6 +48,8 @@ def sample_and_verify(run: Run, params, examples, rng, *, step: int, progress: f
   With prefix_rollouts, rows start from an older snapshot's prefix; the schedule records
   the policy's rewards; with hapo, teacher traces then replace some lowest-reward rows.
   """
+  if run.env is not None:
+    return sample_episodes(run, params, examples, rng, step=step, times=times)
   rl, prompts = run.config.rl, encode_prompts(run, examples)
   with phase(times, 'generate'):
     prefixes = None
@@ -86,11 +89,58 @@ def sample_and_verify(run: Run, params, examples, rng, *, step: int, progress: f
   return rollout, scores
 
 
-def evaluate_policy(run: Run, params, rng) -> dict[str, float]:
-  """Greedy (or eval.temperature) pass@1 / pass@k / mean@k / maj@k on the held-out prompts."""
+def run_episodes(run: Run, params, examples, rng, *, group_size: int, temperature: float):
+  """G episodes per example with the run's environment (config.env), on the sampling mesh."""
+  e, rl = run.config.env, run.config.rl
+  with jax.set_mesh(run.sample_mesh):
+    return episodes_lib.run_episodes(
+        params, run.env, run.renderer, run.tok, examples, cfg=run.cfg, group_size=group_size,
+        max_turns=e.max_turns, max_turn_tokens=e.max_turn_tokens,
+        max_observation_tokens=e.max_observation_tokens, max_total_tokens=rl.max_new_tokens,
+        rng=rng, prompt_buckets=run.config.data.prompt_buckets, temperature=temperature,
+        top_k=rl.top_k, top_p=rl.top_p, pad_id=run.pad_id, max_workers=e.workers)
+
+
+def sample_episodes(run: Run, params, examples, rng, *, step: int, times: dict[str, float]):
+  """One batch of B prompts x G episodes, rewarded by the environment: (rollout, Scores).
+  At evaluation steps, the first env.transcripts episodes are written (rlreason.episodes)."""
+  with phase(times, 'generate'):
+    episodes = run_episodes(run, params, examples, rng, group_size=run.config.rl.group_size,
+                            temperature=run.config.rl.temperature)
+  scores = score_episodes(run, episodes)
+  sampled = int(jax.device_get(episodes.rollout.loss_mask_NxL.sum()))
+  times['tokens/generate'] = times.get('tokens/generate', 0) + sampled
+  run.data_iter.record(examples, scores.rewards_BxG)
+  scores.metrics['train/zero_variance_frac'] = zero_variance_fraction(scores.rewards_BxG)
+  every = run.config.eval.every
+  if every and step % every == 0 and jax.process_index() == 0:
+    write_transcripts(run, episodes, examples, step=step, kind='train')
+  return episodes.rollout, scores
+
+
+def write_transcripts(run: Run, episodes, examples, *, step: int, kind: str) -> None:
+  from rlreason.envs import transcripts
+  g, r = episodes.rollout.group_size, episodes.rollout
+  prompts = [run.renderer.prompt_text(examples[n // g]) for n in range(len(episodes.rewards_N))]
+  records = transcripts.records(
+      run.tok, prompts=prompts, tokens_NxL=jax.device_get(r.tokens_NxL),
+      loss_mask_NxL=jax.device_get(r.loss_mask_NxL), lengths_N=jax.device_get(r.lengths_N),
+      rewards_N=episodes.rewards_N, turns=episodes.transcripts, truncated_N=episodes.truncated_N,
+      tool_calls_N=episodes.tool_calls_N, errors_N=episodes.errors_N, step=step, kind=kind,
+      limit=run.config.env.transcripts)
+  transcripts.write(transcripts.path_for(run.workdir, step, kind), records)
+
+
+def evaluate_policy(run: Run, params, rng, *, step: int = 0) -> dict[str, float]:
+  """Greedy (or eval.temperature) pass@1 / pass@k / mean@k / maj@k on the held-out prompts
+  (with env.enabled: episodes, whose first chunk's transcripts are written)."""
   from rlreason.rl import evaluate
+  on_episodes = None
+  if run.env is not None and jax.process_index() == 0:
+    on_episodes = lambda ep, ex: write_transcripts(run, ep, ex, step=step, kind='eval')
   summary = evaluate.evaluate(run, params, k=run.config.eval.k,
-                              temperature=run.config.eval.temperature, rng=rng)
+                              temperature=run.config.eval.temperature, rng=rng,
+                              on_episodes=on_episodes)
   tokens = summary.pop('generated_tokens')
   return {**{f'eval/{k}': v for k, v in summary.items()}, 'tokens/eval': tokens}
 
@@ -146,7 +196,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[st
   if not run.restored:  # A restored step 0 already holds the warm start.
     with jax.set_mesh(run.mesh):
       state, sft_metrics = sft_loop(run, state, steps=config.sft.steps, writer=writer)
-    eval_metrics = evaluate_policy(run, state.params, run.eval_rng)
+    eval_metrics = evaluate_policy(run, state.params, run.eval_rng, step=0)
     writer.write(0, {**sft_metrics, **eval_metrics})
     logging.info('after SFT warm start: %s', eval_metrics)
     run.save(0, state, metrics=eval_metrics)
@@ -162,7 +212,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[st
     metrics['time/step_s'] = time.perf_counter() - t0
     if config.eval.every and (step % config.eval.every == 0 or step == config.rl.steps):
       with phase(metrics, 'eval'):
-        eval_metrics = evaluate_policy(run, state.params, run.eval_rng)
+        eval_metrics = evaluate_policy(run, state.params, run.eval_rng, step=step)
       metrics.update(eval_metrics)
     metrics.update(throughput(metrics))
     pending = (step, metrics)

@@ -55,6 +55,7 @@ class Objective:
   group_size: int = 1
   value_coef: float = 0.0  # > 0: train the critic head with PPO's clipped value loss.
   value_clip: float | None = 0.5  # ε_v of the value loss (verl's cliprange_value).
+  num_turns: int = 1  # Upper bound on turns per row (env.max_turns), for turn-level losses.
 
   def __post_init__(self):
     losses.get_policy_loss(self.policy_loss)  # Unknown names fail here, listing known ones.
@@ -153,7 +154,7 @@ def _policy_loss_kwargs(fn, batch: TrainBatch, objective: Objective) -> dict[str
   extra = {'group_size': objective.group_size, 'prefix_mask_NxL': batch.prefix_mask_NxL,
            'behavior_logprobs_NxL': batch.behaviour_logprobs_NxL,
            'behaviour_logprobs_NxL': batch.behaviour_logprobs_NxL,
-           'turn_ids_NxL': turn_ids_NxL, 'num_turns': 1}
+           'turn_ids_NxL': turn_ids_NxL, 'num_turns': objective.num_turns}
   kwargs = {k: v for k, v in extra.items() if k in params}
   kwargs.update(dict(objective.loss_kwargs))
   return kwargs

@@ -84,6 +84,26 @@ class Episodes:
     raise AttributeError(name)
 
 
+def correct_N(episodes: Episodes) -> np.ndarray:
+  """Whether each episode's final answer was judged correct by the environment's verifier."""
+  return np.array([bool(t) and t[-1].get('status') == 'correct' for t in episodes.transcripts])
+
+
+def metrics(episodes: Episodes) -> dict[str, float]:
+  """Per-episode means: turns, tool calls, errors by kind, observation tokens, truncation."""
+  out = {
+      'episodes/turns_mean': float(episodes.turns_N.mean()),
+      'episodes/tool_calls_mean': float(episodes.tool_calls_N.mean()),
+      'episodes/tool_call_frac': float((episodes.tool_calls_N > 0).mean()),
+      'episodes/observation_tokens_mean': float(episodes.observation_tokens_N.mean()),
+      'episodes/truncated_frac': float(episodes.truncated_N.mean()),
+      'episodes/tool_errors_mean': float(sum(episodes.errors_N.values(), np.zeros(1)).mean()),
+  }
+  for kind, count_N in episodes.errors_N.items():
+    out[f'episodes/tool_errors/{kind}_mean'] = float(count_N.mean())
+  return out
+
+
 def stop_sequences(tok, fmt) -> tuple[tuple[int, ...], ...]:
   """Token sequences that end a turn besides EOS: the format's call end, as encoded."""
   return (tuple(tok.encode(fmt.call_end)),) if fmt.call_end else ()

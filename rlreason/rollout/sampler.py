@@ -344,6 +344,8 @@ def _keep_decoding(state, *, stop: int, early_exit: bool, check_every: int) -> j
 def metrics(rollout: Rollout) -> dict[str, jax.Array]:
   """Lengths, truncation and the behaviour-vs-plain log-prob gap over sampled tokens."""
   sampled = rollout.mask_NxL & ~rollout.prefix_mask_NxL
+  if rollout.loss_mask_NxL is not None:  # Episodes: observations are real but not sampled.
+    sampled = rollout.loss_mask_NxL
   count = jnp.maximum(sampled.sum(), 1)
   gap = jnp.where(sampled, rollout.behaviour_logprobs_NxL - rollout.logprobs_NxL, 0.0)
   return {

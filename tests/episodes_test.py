@@ -196,3 +196,71 @@ def test_long_observation_is_cut_with_a_marker(params):
   ep = _run(params, env, _examples(1), max_observation_tokens=60, max_total_tokens=200)
   obs = ep.transcripts[0][0]['observation']
   assert obs.startswith('<result>x') and 'truncated' in obs and len(obs) <= 60
+
+
+# --- the Qwen chat templates, against transformers --------------------------------------------
+
+QWEN_DIR = __import__('pathlib').Path(__file__).resolve().parents[2] / 'shared' / 'data' / 'qwen_tokenizer'
+
+
+@pytest.fixture(scope='module', params=['qwen2.5', 'qwen3'])
+def qwen(request, tmp_path_factory):
+  transformers = pytest.importorskip('transformers')
+  directory = QWEN_DIR
+  if request.param == 'qwen3':
+    directory = tmp_path_factory.mktemp('qwen3')
+    for name in ('vocab.json', 'merges.txt'):
+      (directory / name).symlink_to(QWEN_DIR / name)
+    (directory / 'tokenizer_config.json').symlink_to(QWEN_DIR / 'qwen3' / 'tokenizer_config.json')
+  return transformers.AutoTokenizer.from_pretrained(str(directory)), tokenizer.load(directory)
+
+
+class QwenFake(FakeEnv):
+
+  def __init__(self, observations, fmt):
+    super().__init__(observations)
+    self.format = fmt  # run_episodes reads the call's end (the stop sequence) from it.
+
+
+def test_qwen_episode_is_the_template_rendering(qwen):
+  """A random policy's two tool-calling turns, observations from the real template: the
+  episode's text up to the second observation is what transformers renders for the same
+  conversation, and the prompt and observation token ids are the template's."""
+  hf, tok = qwen
+  env = environment.ToolEnvironment(tools=['calculator'], family='qwen', verifier='exact')
+  renderer = render.make_renderer(tok, family='qwen', tools=env.specs(),
+                                  system_prompt='You are terse.')
+  cfg = CFG.replace(vocab_size=tok.vocab_size)
+  params = transformer.init_params(cfg, jax.random.key(1))
+  examples = _examples(2)
+  ep = episodes_lib.run_episodes(
+      params, QwenFake(['5', 'a coffee house'], env.format), renderer, tok, examples, cfg=cfg, group_size=1,
+      max_turns=3, max_turn_tokens=5, max_observation_tokens=64, max_total_tokens=160,
+      rng=jax.random.key(2), prompt_buckets=(256,), stop_seqs=None)
+  assert episodes_lib.stop_sequences(tok, env.format) == ((tok.token_to_id('</tool_call>'),),)
+  tools = [s.as_json_schema() for s in env.specs()]
+  tokens, loss = np.asarray(ep.rollout.tokens_NxL), np.asarray(ep.rollout.loss_mask_NxL)
+  for n, example in enumerate(examples):
+    messages = [{'role': 'system', 'content': 'You are terse.'},
+                {'role': 'user', 'content': example.prompt}]
+    prompt_ids = list(hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                             tokenize=True, return_dict=False))
+    row_prompt = np.asarray(ep.rollout.prompts.tokens_BxP[n])[np.asarray(
+        ep.rollout.prompts.mask_BxP[n])].tolist()
+    assert row_prompt == prompt_ids
+    ids, col = list(prompt_ids), 0
+    for t, content in enumerate(['5', 'a coffee house']):
+      k = ep.transcripts[n][t]['tokens']
+      sampled = tokens[n, col:col + k].tolist()
+      assert loss[n, col:col + k].all()
+      messages += [{'role': 'assistant', 'content': tok.decode(sampled)},
+                   {'role': 'tool', 'content': content}]
+      obs = ep.transcripts[n][t]['observation']
+      obs_ids = tokens[n, col + k:col + k + len(tok.encode(obs))].tolist()
+      assert obs_ids == hf.encode(obs, add_special_tokens=False) and not loss[
+          n, col + k:col + k + len(obs_ids)].any()
+      ids += sampled + obs_ids
+      col += k + len(obs_ids)
+    rendered = hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                      tokenize=False)
+    assert tok.decode(ids) == rendered

@@ -5,8 +5,11 @@
                python and prolog (in the verifiers' sandbox)
   formats      tool calls out of the model's text and results back in, per chat template
   environment  ToolEnvironment: tool turns, then a final answer scored by a verifier
-  tasks        synthetic tool-use tasks (big products, KB questions, time-series queries)
+  render       the prompt and each observation's text, as the chat template writes them
+  transcripts  episode transcripts (JSONL) and their readable print
+  tasks        synthetic tool-use tasks (big products, multi-hop search, KB questions,
+               time-series queries) and a flawed calculator teacher
 
-Not here: decoding episodes on the device (rlreason/rollout, later), reward verifiers
+Not here: decoding episodes on the device (rlreason/rollout/episodes.py), reward verifiers
 (rlreason/verifiers).
 """

@@ -29,7 +29,10 @@ from rlreason.envs import base
 from rlreason.envs import formats
 
 RESULT_OPEN, RESULT_CLOSE = '<result>', '</result>'
-_STAND_IN = [{'role': 'user', 'content': 'q'}, {'role': 'assistant', 'content': 'a'}]
+# The stand-in turn carries reasoning, so templates that render an empty think block only for
+# the last assistant turn (Qwen3) render it the same before and after the tool messages.
+_STAND_IN = [{'role': 'user', 'content': 'q'},
+             {'role': 'assistant', 'content': '<think>\nr\n</think>\n\na'}]
 
 
 @dataclasses.dataclass(frozen=True)

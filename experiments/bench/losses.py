@@ -2,6 +2,7 @@
 
   python -m experiments.bench.losses               # ~10 min on a shared 2-core CPU box
   python -m experiments.bench.losses --full_time   # + one chunked step at full size (~5 min)
+  python -m experiments.bench.losses --vocab_parallel_only   # the tensor-size table (~1 min)
 
 The loss is the vocabulary-touching part of every policy loss in rlreason: a token-mean of
 −A·log π(token) over 8 sequences × 2048 tokens, at the mid config's hidden size 512 and
@@ -24,9 +25,16 @@ where naive fits in the --rss_budget_gb guard), each path in its own subprocess,
 rounds interleaved, best round kept (the machine may be shared). --full_time adds one step
 (no warm-up) of the chunked path at the full size, which naive cannot run.
 
-Prints a table, `chunked_logprob_time_ratio=` (chunked / fastest naive at the timing size) and,
-last, `chunked_logprob_memory_ratio=` (chunked / smallest naive compiled peak at full size).
+Prints a table, `chunked_logprob_time_ratio=` (chunked / fastest naive at the timing size) and
+`chunked_logprob_memory_ratio=` (chunked / smallest naive compiled peak at full size).
 Target: memory ≤ 0.25 with time ≤ 1.2.
+
+Vocabulary parallelism (vocab_parallel.py): the compiled per-device peak, at the full size, of
+the forward + backward of all three token statistics (−A·log π − 0.01·H + 0.01·Σπ², token mean)
+with w's columns split over a ('data', 'fsdp', 'tensor') = (1, 1, tp) mesh of the first tp of
+--cpu_devices fake CPU devices (h replicated), for tp = 1, 2, 4, 8. tp = 1 is the unsharded
+chunked kernel, the path update.py takes without tensor parallelism. Last line:
+`vocab_parallel_peak_ratio_tp8=` (peak at tp = 8 / peak at tp = 1). Compiles only.
 """
 
 import argparse
@@ -44,9 +52,13 @@ if __package__ in (None, ''):  # Run as a script: make `rlreason` importable.
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+
+from rlreason.model import sharding  # noqa: E402
 from rlreason.model import transformer  # noqa: E402
 from rlreason.objectives import aggregation  # noqa: E402
 from rlreason.objectives import token_stats  # noqa: E402
+from rlreason.objectives import vocab_parallel  # noqa: E402
 
 HIDDEN, VOCAB, SEQS, TOKENS = 512, 151_936, 8, 2048
 PATHS = ('naive', 'naive_lse', 'chunked')
@@ -95,6 +107,47 @@ def compiled_peak(path, seqs, args):
   peak = (stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
           - stats.alias_size_in_bytes)
   return peak, stats.temp_size_in_bytes
+
+
+def vocab_parallel_peak(tp, args):
+  """(peak bytes, temp bytes) per device of all three statistics' loss + gradient, w's
+  columns over tp devices; compiles, executes nothing."""
+  mesh = sharding.make_mesh((1, 1, tp), devices=jax.devices()[:tp])
+
+  def loss(h_NxTxD, w_DxV, tokens_NxT, advantages_N):
+    s = vocab_parallel.token_stats_from_hidden(h_NxTxD, w_DxV, tokens_NxT,
+                                               token_chunk=args.token_chunk,
+                                               vocab_chunk=args.vocab_chunk)
+    mask_NxT = jnp.ones(tokens_NxT.shape, jnp.float32)
+    loss_NxT = (-advantages_N[:, None] * s.logprobs_NxT - 0.01 * s.entropy_NxT
+                + 0.01 * s.sum_sq_probs_NxT)
+    return aggregation.token_mean(loss_NxT, mask_NxT, denominator=jnp.sum(mask_NxT))
+
+  replicated = NamedSharding(mesh, P())
+  in_shardings = (replicated, NamedSharding(mesh, P(None, 'tensor')), replicated, replicated)
+  with jax.set_mesh(mesh):
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)), in_shardings=in_shardings)
+    stats = step.lower(*_shapes(SEQS)).compile().memory_analysis()
+  peak = (stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
+          - stats.alias_size_in_bytes)
+  return peak, stats.temp_size_in_bytes
+
+
+def print_vocab_parallel(args):
+  """The per-device peak by tensor size, and the final `vocab_parallel_peak_ratio_tp8=`."""
+  sizes = [tp for tp in (1, 2, 4, 8) if tp <= jax.device_count()]
+  print(f'\nvocab-parallel token stats (log π, H, Σπ²) loss+grad, full size {SEQS}x{TOKENS}, '
+        f'mesh (1, 1, tp) of {jax.device_count()} {jax.devices()[0].platform} devices', flush=True)
+  header = f'{"tp":>3} {"peak GB/device (compiled)":>26} {"temp GB/device":>15}'
+  print(header + '\n' + '-' * len(header))
+  peaks = {}
+  for tp in sizes:
+    peaks[tp], temp = vocab_parallel_peak(tp, args)
+    print(f'{tp:>3} {peaks[tp] / GB:>26.3f} {temp / GB:>15.3f}', flush=True)
+  if 8 in peaks:
+    print(f'vocab_parallel_peak_ratio_tp8={peaks[8] / peaks[1]:.4f}')
+  else:
+    print(f'vocab_parallel_peak_ratio_tp8=n/a (only {jax.device_count()} devices)')
 
 
 def _rss_bytes():
@@ -150,11 +203,21 @@ def main(argv=None):
   parser.add_argument('--vocab_chunk', type=int, default=16384)
   parser.add_argument('--rss_budget_gb', type=float, default=12.0)
   parser.add_argument('--full_time', action='store_true')
+  parser.add_argument('--cpu_devices', type=int, default=8,
+                      help='fake CPU devices for the vocab-parallel table (jax_num_cpu_devices '
+                      'in this process only; the timing workers keep one device)')
+  parser.add_argument('--vocab_parallel_only', action='store_true')
   parser.add_argument('--worker', choices=PATHS)
   parser.add_argument('--seqs', type=int)
   args = parser.parse_args(argv)
   if args.worker:
     return worker(args)
+  # Not sharding.split_cpu_host: its single-threaded-kernel flag would reach the timing
+  # workers through the environment. Compiled memory does not depend on threading.
+  if args.cpu_devices > 1:
+    jax.config.update('jax_num_cpu_devices', args.cpu_devices)  # Before the backend starts.
+  if args.vocab_parallel_only:
+    return print_vocab_parallel(args)
 
   print(f'loss+grad wrt h [N,T,{HIDDEN}] and w [{HIDDEN},{VOCAB}], fp32, full size '
         f'{SEQS}x{TOKENS}, timing size {args.time_seqs}x{TOKENS}, token_chunk {args.token_chunk}, '
@@ -199,6 +262,7 @@ def main(argv=None):
     print(f'chunked_logprob_time_ratio={best["chunked"]["median_s"] / min(naive_times):.3f}')
   naive_peak = min(full['naive'][0], full['naive_lse'][0])
   print(f'chunked_logprob_memory_ratio={full["chunked"][0] / naive_peak:.4f}')
+  print_vocab_parallel(args)
 
 
 if __name__ == '__main__':

@@ -24,6 +24,9 @@ Two paths that agree to fp32 rounding, values and gradients:
       which on CPU is more than repaid by never streaming NxTxV arrays through memory
       (experiments/bench/losses.py).
 
+With the output matrix sharded over its vocabulary (tensor parallelism), vocab_parallel.py runs
+the same kernels (`vocab_partials`, `finish`, `logit_backward`) on each device's columns.
+
 Deliberately not here: sampling, the policy losses (losses.py), OTB's baseline itself.
 """
 
@@ -92,16 +95,20 @@ def token_stats_from_hidden(h_NxTxD, w_DxV, tokens_NxT, *, temperature: float = 
   Returns:
     TokenStats with NxT arrays; differentiable w.r.t. h_NxTxD and w_DxV.
   """
-  n, t, d = h_NxTxD.shape
-  m = n * t
-  token_chunk = min(token_chunk, m)
-  pad = -m % token_chunk
-  h_MxD = jnp.pad(h_NxTxD.reshape(m, d), ((0, pad), (0, 0)))
-  tokens_M = jnp.pad(tokens_NxT.reshape(m).astype(jnp.int32), (0, pad))
-  stats_M = _stats_from_hidden(h_MxD, w_DxV, tokens_M, float(temperature), token_chunk,
-                               min(vocab_chunk, w_DxV.shape[1]))
-  lp_NxT, ent_NxT, sq_NxT = (s_M[:m].reshape(n, t) for s_M in stats_M)
+  n, t, _ = h_NxTxD.shape
+  token_chunk = min(token_chunk, n * t)
+  stats_M = _stats_from_hidden(pad_rows(h_NxTxD, token_chunk),
+                               w_DxV, pad_rows(tokens_NxT.astype(jnp.int32), token_chunk),
+                               float(temperature), token_chunk, min(vocab_chunk, w_DxV.shape[1]))
+  lp_NxT, ent_NxT, sq_NxT = (s_M[:n * t].reshape(n, t) for s_M in stats_M)
   return TokenStats(logprobs_NxT=lp_NxT, entropy_NxT=ent_NxT, sum_sq_probs_NxT=sq_NxT)
+
+
+def pad_rows(x_NxTx, token_chunk):
+  """N x T x ... -> M x ...: positions flattened and zero-padded to a multiple of token_chunk."""
+  n, t = x_NxTx.shape[:2]
+  x_Mx = x_NxTx.reshape(n * t, *x_NxTx.shape[2:])
+  return jnp.pad(x_Mx, [(0, -(n * t) % token_chunk)] + [(0, 0)] * (x_Mx.ndim - 1))
 
 
 # ----------------------------------------------------------------------------- chunked kernel
@@ -122,13 +129,33 @@ def _num_blocks(w_DxV, vocab_chunk):
   return -(-w_DxV.shape[1] // vocab_chunk)
 
 
-def _chunk_forward(h_KxD, w_DxV, tokens_K, inv_temp, vocab_chunk):
-  """Online logsumexp over vocabulary blocks for K positions.
+@flax.struct.dataclass
+class VocabPartials:
+  """Online-logsumexp sums of z = logits / τ over some vocabulary columns, per position.
 
-  Carries, relative to the running max m: s = Σ e^{z−m}, u = Σ e^{z−m}(z−m),
-  q = Σ e^{2(z−m)}; then lse = m + log s, entropy = log s − u/s, Σπ² = q/s². Keeping u
-  relative to m avoids the cancellation of lse − Σπz on peaked distributions.
+  Relative to the max m over those columns: s = Σ e^{z−m}, u = Σ e^{z−m}(z−m),
+  q = Σ e^{2(z−m)}, and `picked` = z of the position's token if it is among the columns, else
+  0. Then lse = m + log s, entropy = log s − u/s, Σπ² = q/s² (`finish`); keeping u relative to
+  m avoids the cancellation of lse − Σπz on peaked distributions. Partials of disjoint column
+  sets merge exactly (the block loop below; vocab_parallel.py across devices).
   """
+  max_M: jax.Array
+  sum_exp_M: jax.Array
+  sum_exp_z_M: jax.Array
+  sum_exp2_M: jax.Array
+  picked_M: jax.Array
+
+
+def finish(p: VocabPartials):
+  """(logprobs, entropy, Σπ², logsumexp) from partials over the whole vocabulary."""
+  log_s = jnp.log(p.sum_exp_M)
+  lse_M = p.max_M + log_s
+  return (p.picked_M - lse_M, log_s - p.sum_exp_z_M / p.sum_exp_M,
+          p.sum_exp2_M / (p.sum_exp_M * p.sum_exp_M), lse_M)
+
+
+def _chunk_forward(h_KxD, w_DxV, tokens_K, inv_temp, vocab_chunk) -> VocabPartials:
+  """Online logsumexp over vocabulary blocks for K positions (VocabPartials' carries)."""
 
   def body(k, carry):
     m_K, s_K, u_K, q_K, picked_K = carry
@@ -149,9 +176,7 @@ def _chunk_forward(h_KxD, w_DxV, tokens_K, inv_temp, vocab_chunk):
   k_ = h_KxD.shape[0]
   zeros = jnp.zeros((k_,), jnp.float32)
   init = (jnp.full((k_,), _NEG, jnp.float32), zeros, zeros, zeros, zeros)
-  m_K, s_K, u_K, q_K, picked_K = jax.lax.fori_loop(0, _num_blocks(w_DxV, vocab_chunk), body, init)
-  lse_K = m_K + jnp.log(s_K)
-  return picked_K - lse_K, jnp.log(s_K) - u_K / s_K, q_K / (s_K * s_K), lse_K
+  return VocabPartials(*jax.lax.fori_loop(0, _num_blocks(w_DxV, vocab_chunk), body, init))
 
 
 def _chunk_backward(h_KxD, tokens_K, lse_K, ent_K, sq_K, g_lp_K, g_ent_K, g_sq_K, *, w_DxV,
@@ -187,11 +212,39 @@ def _split(x, token_chunk):
   return x.reshape(x.shape[0] // token_chunk, token_chunk, *x.shape[1:])
 
 
-def _forward_all(h_MxD, w_DxV, tokens_M, temperature, token_chunk, vocab_chunk):
+def vocab_partials(h_MxD, w_DxV, tokens_M, *, temperature, token_chunk,
+                   vocab_chunk) -> VocabPartials:
+  """VocabPartials over all columns of w for M positions (M a multiple of token_chunk)."""
   inv_temp = 1.0 / temperature
   out = jax.lax.map(lambda a: _chunk_forward(a[0], w_DxV, a[1], inv_temp, vocab_chunk),
                     (_split(h_MxD, token_chunk), _split(tokens_M, token_chunk)))
-  return tuple(x.reshape(-1) for x in out)
+  return jax.tree.map(lambda x: x.reshape(-1), out)
+
+
+def logit_backward(h_MxD, w_DxV, tokens_M, lse_M, ent_M, sq_M, g_lp_M, g_ent_M, g_sq_M, *,
+                   temperature, token_chunk, vocab_chunk):
+  """fp32 (dh_MxD, dw_DxV) through the columns of w, given the full-vocabulary lse, entropy
+  and Σπ² of each position and the cotangents of its three statistics.
+
+  Over a slice of the vocabulary (a device's shard in vocab_parallel.py) this is that slice's
+  share: dh is then a partial sum over slices, dw the slice's columns.
+  """
+  inv_temp = 1.0 / temperature
+  per_chunk = tuple(_split(x, token_chunk) for x in (h_MxD, tokens_M, lse_M, ent_M, sq_M,
+                                                     g_lp_M, g_ent_M, g_sq_M))
+
+  def step(dw_DxV, xs):
+    dh_KxD, dw_DxV = _chunk_backward(*xs, w_DxV=w_DxV, dw_DxV=dw_DxV, inv_temp=inv_temp,
+                                     vocab_chunk=vocab_chunk)
+    return dw_DxV, dh_KxD
+
+  dw_DxV, dh_CxKxD = jax.lax.scan(step, jnp.zeros(w_DxV.shape, jnp.float32), per_chunk)
+  return dh_CxKxD.reshape(h_MxD.shape), dw_DxV
+
+
+def _forward_all(h_MxD, w_DxV, tokens_M, temperature, token_chunk, vocab_chunk):
+  return finish(vocab_partials(h_MxD, w_DxV, tokens_M, temperature=temperature,
+                               token_chunk=token_chunk, vocab_chunk=vocab_chunk))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
@@ -206,19 +259,9 @@ def _stats_fwd(h_MxD, w_DxV, tokens_M, temperature, token_chunk, vocab_chunk):
 
 
 def _stats_bwd(temperature, token_chunk, vocab_chunk, residuals, cotangents):
-  h_MxD, w_DxV, tokens_M, lse_M, ent_M, sq_M = residuals
-  g_lp_M, g_ent_M, g_sq_M = cotangents
-  inv_temp = 1.0 / temperature
-  per_chunk = tuple(_split(x, token_chunk) for x in (h_MxD, tokens_M, lse_M, ent_M, sq_M,
-                                                     g_lp_M, g_ent_M, g_sq_M))
-
-  def step(dw_DxV, xs):
-    dh_KxD, dw_DxV = _chunk_backward(*xs, w_DxV=w_DxV, dw_DxV=dw_DxV, inv_temp=inv_temp,
-                                     vocab_chunk=vocab_chunk)
-    return dw_DxV, dh_KxD
-
-  dw_DxV, dh_CxKxD = jax.lax.scan(step, jnp.zeros(w_DxV.shape, jnp.float32), per_chunk)
-  dh_MxD = dh_CxKxD.reshape(h_MxD.shape)
+  h_MxD, w_DxV = residuals[:2]
+  dh_MxD, dw_DxV = logit_backward(*residuals, *cotangents, temperature=temperature,
+                                  token_chunk=token_chunk, vocab_chunk=vocab_chunk)
   return dh_MxD.astype(h_MxD.dtype), dw_DxV.astype(w_DxV.dtype), None
 
 

@@ -48,10 +48,13 @@ def default() -> ml_collections.ConfigDict:
       decode_chunks=8,
       dynamic_sampling=False, max_refill_rounds=2))
 
+  # correction: off-policy weights by π_prox/π_behaviour on the policy loss (objectives/
+  # offpolicy.py): '' | 'tis_token' | 'tis_sequence' | 'mask_token' | 'mask_sequence' |
+  # 'decoupled_ppo' (with ppo_clip: AReaL's decoupled PPO), options in correction_kwargs.
   c.objective = ml_collections.ConfigDict(dict(
       advantage='grpo', advantage_kwargs={}, transforms=(), transform_kwargs={},
       policy_loss='ppo_clip', loss_kwargs={}, aggregation='token_mean',
-      kl_coef=0.0, kl_estimator='k3', entropy_coef=0.0))
+      kl_coef=0.0, kl_estimator='k3', entropy_coef=0.0, correction='', correction_kwargs={}))
 
   c.optimizer = ml_collections.ConfigDict(dict(
       lr=1e-6, warmup_steps=0, b1=0.9, b2=0.999, weight_decay=0.0, grad_clip=1.0))
@@ -206,6 +209,7 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
     check(len(c.judge.labels) == 3, f'judge.labels={c.judge.labels} must be 3 strings.')
     check(bool(c.judge.model), "judge.model is empty; 'policy', an HF dir or 'random-tiny'.")
   _check_objective(c, check)
+  _check_correction(c, check)
   if c.env.enabled:
     _check_env(c, check)
   else:
@@ -335,6 +339,34 @@ def _check_objective(c, check) -> None:
   check(0 <= ov.cache_len <= length, f'overlong.cache_len={ov.cache_len} must be in '
                                      f'[0, {length}] (the completion length L_max).')
   check(ov.penalty_factor >= 0, f'overlong.penalty_factor={ov.penalty_factor} must be >= 0.')
+
+
+def _check_correction(c, check) -> None:
+  """The off-policy correction's name and options (caps > 0, intervals 0 <= low < high)."""
+  import inspect
+  from rlreason.objectives import losses
+  from rlreason.objectives import offpolicy
+  o = c.objective
+  name, options = o.get('correction', ''), dict(o.get('correction_kwargs', {}))
+  if not name:
+    check(not options, f'objective.correction_kwargs={options} is set but objective.correction '
+                       "is '' (no correction).")
+    return
+  fn = offpolicy.CORRECTIONS.get(name)
+  if fn is None:
+    check(False, f"objective.correction={name!r}; known: {[''] + sorted(offpolicy.CORRECTIONS)}.")
+    return
+  _options_of(fn, given=options, supplied=set(), what='objective.correction_kwargs', check=check)
+  for error in offpolicy.option_errors(name, options):
+    check(False, f'objective.correction_kwargs.{error}')
+  loss = losses.POLICY_LOSSES.get(o.policy_loss)
+  reads_behaviour = loss is not None and bool(
+      {'behavior_logprobs_NxL', 'behaviour_logprobs_NxL'} & set(inspect.signature(loss).parameters))
+  check(not (reads_behaviour and c.prefix_rollouts.enabled),
+        f'objective.correction={name!r} weights tokens by π_prox/π_behaviour, but '
+        f'objective.policy_loss={o.policy_loss!r} already takes the ratio of prefix tokens '
+        'against their behaviour log-probs (prefix_rollouts.enabled): they would be corrected '
+        'twice.')
 
 
 def _check_env(c, check) -> None:

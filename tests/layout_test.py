@@ -20,7 +20,7 @@ ALLOWED = {
     'envs': {'tasks', 'verifiers'},
     'structs': set(),
     'model': {'structs'},
-    'objectives': {'structs'},
+    'objectives': {'model', 'structs'},  # vocab_parallel reads model.sharding's rule tables.
     'tasks': {'verifiers'},
     'multihost': {'verifiers'},
     'rollout': {'model', 'structs', 'tasks', 'verifiers'},

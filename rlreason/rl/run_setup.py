@@ -239,7 +239,9 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
       kl_estimator=o.kl_estimator, entropy_coef=o.entropy_coef,
       temperature=max(config.rl.temperature, 1e-6), group_size=config.rl.group_size,
       value_coef=critic.coef if critic.enabled else 0.0, value_clip=critic.clip,
-      num_turns=config.env.max_turns if config.env.enabled else 1)
+      num_turns=config.env.max_turns if config.env.enabled else 1,
+      correction=o.get('correction', ''),
+      correction_kwargs=tuple(sorted(dict(o.get('correction_kwargs', {})).items())))
   train_step = jax.jit(
       lambda s, b: update.train_step(s, b, cfg=cfg, objective=objective, optimizer=optimizer,
                                      micro_batches=config.rl.micro_batches,

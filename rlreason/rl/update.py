@@ -32,7 +32,9 @@ from rlreason.model import transformer
 from rlreason.objectives import aggregation
 from rlreason.objectives import kl
 from rlreason.objectives import losses
+from rlreason.objectives import offpolicy
 from rlreason.objectives import token_stats
+from rlreason.objectives import vocab_parallel
 from rlreason.objectives.loss_diagnostics import policy_metrics
 from rlreason.structs import TrainBatch, TrainState
 
@@ -42,7 +44,8 @@ class Objective:
   """What train_step minimises; hashable so it can be a static jit argument.
 
   loss_kwargs are keyword options of the policy loss as (name, value) pairs, e.g.
-  (('eps_low', 0.2), ('eps_high', 0.28)).
+  (('eps_low', 0.2), ('eps_high', 0.28)); correction_kwargs likewise for the off-policy
+  correction (offpolicy.CORRECTIONS, '' for none).
   """
   policy_loss: str = 'ppo_clip'
   loss_kwargs: tuple[tuple[str, Any], ...] = ()
@@ -56,11 +59,15 @@ class Objective:
   value_coef: float = 0.0  # > 0: train the critic head with PPO's clipped value loss.
   value_clip: float | None = 0.5  # ε_v of the value loss (verl's cliprange_value).
   num_turns: int = 1  # Upper bound on turns per row (env.max_turns), for turn-level losses.
+  correction: str = ''  # Weights by π_prox/π_behaviour: a key of offpolicy.CORRECTIONS.
+  correction_kwargs: tuple[tuple[str, Any], ...] = ()
 
   def __post_init__(self):
     losses.get_policy_loss(self.policy_loss)  # Unknown names fail here, listing known ones.
     aggregation.get_aggregation(self.aggregation)
     kl.get_kl_estimator(self.kl_estimator)
+    if self.correction:
+      offpolicy.get_correction(self.correction)
 
 
 def init_state(params, optimizer: optax.GradientTransformation, *, value_params=None,
@@ -121,7 +128,9 @@ def completion_stats(params, tokens_NxT, mask_NxT, *, cfg: transformer.ModelConf
   """
   h_NxLxD = _completion_hidden(params, tokens_NxT, mask_NxT, cfg=cfg,
                                completion_len=completion_len)
-  stats = token_stats.token_stats_from_hidden(
+  # Vocabulary-parallel (shard_map) under a mesh whose TRAIN_RULES shard the LM head's vocab
+  # over 'tensor'; otherwise token_stats.token_stats_from_hidden itself.
+  stats = vocab_parallel.token_stats_from_hidden(
       h_NxLxD, _output_matrix(params, cfg), tokens_NxT[:, -completion_len:],
       temperature=temperature, token_chunk=token_chunk, vocab_chunk=vocab_chunk)
   if value_params is None:
@@ -164,6 +173,14 @@ def loss_fn(params, batch: TrainBatch, denominator, *, cfg: transformer.ModelCon
             objective: Objective, value_params=None):
   """Aggregated loss (already divided by the global denominator) and its metrics.
 
+  With `objective.correction`, the policy loss's per-token loss is multiplied by the
+  correction's stop-gradient weights (π_prox = batch.old_logprobs_NxL, the behaviour policy
+  batch.behaviour_logprobs_NxL) before the KL and entropy terms are added, as verl applies its
+  rollout IS weights to the policy-gradient term only. The loss, not the aggregation weights:
+  seq_mean_token_mean divides each row by its weights, where a sequence weight would cancel.
+  The global denominators stay the loss mask's, so micro-batching is untouched and a dropped
+  token counts as a zero-loss one (offpolicy.py). The learner-vs-sampler metrics
+  (offpolicy/...) are logged with or without a correction.
   With `value_params` (a critic), adds value_coef x the aggregated clipped value loss.
   """
   out = completion_stats(params, batch.tokens_NxT, batch.mask_NxT, cfg=cfg,
@@ -175,6 +192,14 @@ def loss_fn(params, batch: TrainBatch, denominator, *, cfg: transformer.ModelCon
   loss_NxL, weights_NxL, metrics = fn(logprobs_NxL, batch.old_logprobs_NxL,
                                       batch.advantages_NxL, mask_NxL,
                                       **_policy_loss_kwargs(fn, batch, objective))
+  metrics.update(offpolicy.mismatch_metrics(logprobs_NxL, batch.old_logprobs_NxL,
+                                            batch.behaviour_logprobs_NxL, mask_NxL))
+  if objective.correction:
+    correction_NxL, correction_metrics = offpolicy.get_correction(objective.correction)(
+        logprobs_NxL, batch.old_logprobs_NxL, batch.behaviour_logprobs_NxL, mask_NxL,
+        **dict(objective.correction_kwargs))
+    loss_NxL = loss_NxL * correction_NxL
+    metrics.update(correction_metrics)
   if objective.kl_coef:
     kl_NxL = kl.get_kl_estimator(objective.kl_estimator)(logprobs_NxL, batch.ref_logprobs_NxL)
     loss_NxL = loss_NxL + objective.kl_coef * kl_NxL

@@ -14,6 +14,13 @@ from typing import Any
 import flax
 import jax
 
+# Provenance of completion tokens (Rollout.version_NxL): the policy version that sampled a
+# token is the number of RL steps applied to its params (step t samples with the params after
+# t - 1 steps: version t - 1; the warm start is 0; an older snapshot's prefix carries the
+# snapshot's version). Tokens no version of the policy sampled carry a negative mark:
+VERSION_TEACHER = -1  # a reference solution injected as a rollout (HAPO)
+VERSION_ENV = -2  # an observation a tool or environment returned (episodes)
+
 
 @flax.struct.dataclass
 class Prompts:
@@ -54,6 +61,8 @@ class Rollout:
   loss_mask_NxL: multi-turn episodes only (rollout/episodes.py): the tokens the policy sampled,
     a subset of mask_NxL (observations are real tokens, never trained); None: mask_NxL.
   turn_NxL: multi-turn episodes only: each token's turn index (int32); None: all turn 0.
+  version_NxL: each token's provenance (int32, VERSION_* above), set by the loop that knows
+    the step (rl/train.py); None where no one tagged it.
   """
   prompts: Prompts
   tokens_NxL: jax.Array
@@ -66,6 +75,7 @@ class Rollout:
   group_size: int = flax.struct.field(pytree_node=False, default=1)
   loss_mask_NxL: jax.Array | None = None
   turn_NxL: jax.Array | None = None
+  version_NxL: jax.Array | None = None
 
 
 @flax.struct.dataclass
@@ -93,3 +103,4 @@ class TrainBatch:
   turn_ids_NxL: jax.Array | None = None  # int32 turn index per token (single-turn: all 0)
   old_values_NxL: jax.Array | None = None  # value head at sampling time (critic runs only)
   returns_NxL: jax.Array | None = None  # GAE returns, the value head's targets
+  version_NxL: jax.Array | None = None  # int32 provenance of each token (structs.VERSION_*)

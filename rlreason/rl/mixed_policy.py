@@ -35,7 +35,7 @@ from rlreason.objectives import advantage_transforms
 from rlreason.rl import checkpoint
 from rlreason.rl import rl_batch
 from rlreason.rollout import sampler
-from rlreason.structs import Prefixes, Rollout
+from rlreason.structs import VERSION_TEACHER, Prefixes, Rollout
 
 # fold_in constants for this module's keys: far above any decode-step index the sampler
 # folds into the same step key.
@@ -98,6 +98,8 @@ def replace_rows(rollout: Rollout, injected_BxG, tokens_BxL, mask_BxL, complete_
   tok_NxL, mask_NxL = rep(tokens_BxL), rep(mask_BxL)
   behaviour = jnp.nan if teacher_behaviour == 'learner' else 0.0
   row = lambda new, old: jnp.where(inj_N.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)
+  if rollout.version_NxL is not None:  # Teacher tokens: no version of the policy sampled them.
+    rollout = rollout.replace(version_NxL=row(VERSION_TEACHER, rollout.version_NxL))
   return rollout.replace(
       tokens_NxL=row(tok_NxL, rollout.tokens_NxL), mask_NxL=row(mask_NxL, rollout.mask_NxL),
       prefix_mask_NxL=row(mask_NxL, rollout.prefix_mask_NxL),

@@ -19,7 +19,8 @@ from rlreason.objectives import advantage_transforms
 from rlreason.objectives import advantages
 from rlreason.rollout import judge as judge_lib
 from rlreason.rollout import sampler
-from rlreason.structs import Rollout, TrainBatch
+from rlreason.objectives import offpolicy
+from rlreason.structs import VERSION_ENV, Rollout, TrainBatch
 from rlreason.tasks import example as example_lib
 from rlreason.verifiers import overlong
 
@@ -202,8 +203,35 @@ def make_train_batch(run, params, rollout: Rollout, *, value_params=None):
       # Single-turn: one turn, id 0; episodes record each token's turn.
       turn_ids_NxL=(rollout.turn_NxL if episodes and rollout.turn_NxL is not None
                     else jnp.zeros(rollout.mask_NxL.shape, jnp.int32)),
-      old_values_NxL=old_values)
+      old_values_NxL=old_values, version_NxL=rollout.version_NxL)
   return batch, stats
+
+
+def tag_versions(rollout: Rollout, *, version: int, prefix_version: int | None = None) -> Rollout:
+  """The rollout with its provenance: sampled tokens `version`, prefix tokens (an older
+  snapshot's) `prefix_version`, episode observations VERSION_ENV (structs.py)."""
+  version_NxL = jnp.full(rollout.tokens_NxL.shape, version, jnp.int32)
+  if prefix_version is not None:
+    version_NxL = jnp.where(rollout.prefix_mask_NxL, prefix_version, version_NxL)
+  if rollout.loss_mask_NxL is not None:
+    version_NxL = jnp.where(rollout.mask_NxL & ~rollout.loss_mask_NxL, VERSION_ENV, version_NxL)
+  return rollout.replace(version_NxL=version_NxL)
+
+
+def provenance_metrics(batch: TrainBatch, *, learner_version: int,
+                       max_staleness: int = 4) -> dict:
+  """Who produced the trained tokens: the staleness histogram of policy tokens (learner
+  version minus the token's; offpolicy.staleness_metrics) and the teacher and environment
+  fractions of the real tokens."""
+  if batch.version_NxL is None:
+    return {}
+  v, real = batch.version_NxL, batch.loss_mask_NxL
+  metrics = offpolicy.staleness_metrics(v, learner_step=learner_version,
+                                        max_staleness=max_staleness, mask=real & (v >= 0))
+  count = jnp.maximum(real.sum(), 1)
+  metrics['provenance/teacher_token_frac'] = (real & (v == -1)).sum() / count
+  metrics['provenance/policy_token_frac'] = (real & (v >= 0)).sum() / count
+  return metrics
 
 
 def zero_variance_fraction(rewards_BxG) -> float:

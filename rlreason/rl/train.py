@@ -29,8 +29,9 @@ from rlreason.rl import metrics as metrics_lib
 from rlreason.rl import mixed_policy
 from rlreason.rollout import episodes as episodes_lib
 from rlreason.rollout import sampler
-from rlreason.rl.rl_batch import (advantages_for, dynamic_filter, make_train_batch, score,
-                               score_episodes, throughput, zero_variance_fraction)
+from rlreason.rl.rl_batch import (advantages_for, dynamic_filter, make_train_batch,
+                                  provenance_metrics, score, score_episodes, tag_versions,
+                                  throughput, zero_variance_fraction)
 from rlreason.rl.run_setup import Run, build, encode_prompts, export_policy, sft_loop
 
 
@@ -66,6 +67,9 @@ def sample_and_verify(run: Run, params, examples, rng, *, step: int, progress: f
     if run.sample_mesh is not run.mesh:  # Rows back to the learner's layout.
       rollout = jax.device_put(rollout, jax.tree.map(
           lambda x: sharding.data_sharding(run.mesh, x.shape), rollout))
+    prefix_version = None if prefixes is None else mixed_policy.snapshot_step(
+        step - 1, run.config.prefix_rollouts.refresh_every)
+    rollout = tag_versions(rollout, version=step - 1, prefix_version=prefix_version)
   with phase(times, 'verify'):
     scores, _ = score(run, rollout, examples, progress=progress, params=params)
   rewards_BxG, vmetrics = scores.rewards_BxG, scores.metrics
@@ -108,6 +112,7 @@ def sample_episodes(run: Run, params, examples, rng, *, step: int, times: dict[s
     episodes = run_episodes(run, params, examples, rng, group_size=run.config.rl.group_size,
                             temperature=run.config.rl.temperature)
   scores = score_episodes(run, episodes)
+  rollout = tag_versions(episodes.rollout, version=step - 1)
   sampled = int(jax.device_get(episodes.rollout.loss_mask_NxL.sum()))
   times['tokens/generate'] = times.get('tokens/generate', 0) + sampled
   run.data_iter.record(examples, scores.rewards_BxG)
@@ -115,7 +120,7 @@ def sample_episodes(run: Run, params, examples, rng, *, step: int, times: dict[s
   every = run.config.eval.every
   if every and step % every == 0 and jax.process_index() == 0:
     write_transcripts(run, episodes, examples, step=step, kind='train')
-  return episodes.rollout, scores
+  return rollout, scores
 
 
 def write_transcripts(run: Run, episodes, examples, *, step: int, kind: str) -> None:
@@ -181,6 +186,7 @@ def rl_step(run: Run, state, step: int, times: dict[str, float]):
   times['tokens/update'] = rl.epochs * batch.mask_NxT.sum()
   mixed_policy.refresh_prefix_policy(run, state.params, step)
   metrics.update(step_metrics)
+  metrics.update(provenance_metrics(batch, learner_version=step - 1))
   metrics.update(sampler.metrics(rollout))
   metrics['train/reward'] = scores.rewards_BxG.mean()
   return state, metrics

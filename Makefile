@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 SEED ?= 0
 WORKDIR ?= workdir/demo_seed$(SEED)
 
-.PHONY: demo test bench clean system-deps
+.PHONY: demo demo-tools test bench clean system-deps
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,15 @@ demo: $(VENV)/.installed
 	rm -rf $(WORKDIR)
 	$(PY) -m rlreason.main --config experiments/demo.py:$(SEED) --workdir $(WORKDIR)
 	$(PY) -m experiments.demo_report --config experiments/demo.py:$(SEED) --workdir $(WORKDIR)
+
+# A tiny model learns to call the calculator it needs: SFT on a teacher that mostly guesses,
+# then GRPO on the environment's reward; then the SFT-only baseline, tool-call rates, plot.
+demo-tools: WORKDIR = workdir/demo_tools_seed$(SEED)
+demo-tools: $(VENV)/.installed
+	rm -rf $(WORKDIR)
+	$(PY) -m rlreason.main --config experiments/demo_tools.py:$(SEED) --workdir $(WORKDIR)
+	$(PY) -m experiments.demo_tools_report --config experiments/demo_tools.py:$(SEED) \
+	  --workdir $(WORKDIR)
 
 test: $(VENV)/.installed-test system-deps
 	$(PY) -m pytest tests -q -n 2 --dist loadfile

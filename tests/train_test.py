@@ -202,7 +202,7 @@ def test_config_is_written_with_the_commit(tmp_path):
 
 EXPERIMENTS = sorted(p.stem for p in (pathlib.Path(__file__).resolve().parents[1] /
                                       'experiments').glob('*.py')
-                     if p.stem not in ('__init__', 'demo_report'))
+                     if p.stem not in ('__init__', 'demo_report', 'demo_tools_report'))
 
 
 @pytest.mark.parametrize('name', EXPERIMENTS)
@@ -229,3 +229,22 @@ def test_demo_report_runs_the_baselines_and_plots(tmp_path):
     assert 0.0 <= float(values[key]) <= 1.0, key
   assert values['demo_targets_met'] in ('0', '1')
   assert (tmp_path / 'learning_curves.png').stat().st_size > 0
+
+
+def test_demo_tools_report_runs_the_baseline_and_plots(tmp_path):
+  import subprocess
+  import sys
+  c = importlib.import_module('experiments.demo_tools').get_config('runlocal')
+  train.train(c, str(tmp_path))
+  root = pathlib.Path(__file__).resolve().parents[1]
+  out = subprocess.run(
+      [sys.executable, '-m', 'experiments.demo_tools_report', '--config',
+       str(root / 'experiments' / 'demo_tools.py') + ':runlocal', '--workdir', str(tmp_path)],
+      cwd=root, capture_output=True, text=True, timeout=600, check=True).stdout
+  values = dict(line.split('=', 1) for line in out.splitlines() if '=' in line and ' ' not in line)
+  for key in ('initial_accuracy', 'final_accuracy', 'sft_only_accuracy', 'initial_tool_call_rate',
+              'final_tool_call_rate', 'sft_only_tool_call_rate'):
+    assert 0.0 <= float(values[key]) <= 1.0, key
+  assert values['demo_targets_met'] in ('0', '1')
+  assert (tmp_path / 'learning_curves.png').stat().st_size > 0
+  assert list((tmp_path / 'baselines' / 'sft_only' / 'tensorboard').iterdir())

@@ -278,7 +278,8 @@ _register()
 
 
 def calculator_trace(example: example_lib.Example, rng, *, call_prob: float = 0.25,
-                     head_error_digits: int = 1) -> list[list]:
+                     head_error_digits: int = 1, answer_prefix: str = '',
+                     spaced: bool = False, right_align: bool = False) -> list[list]:
   """A flawed SFT teacher for calc_multiply in the 'tags' format (an episode as [text,
   trained] segments; the observation is the calculator's output, never trained).
 
@@ -286,15 +287,32 @@ def calculator_trace(example: example_lib.Example, rng, *, call_prob: float = 0.
   answers from its head: the true product with `head_error_digits` random digits changed
   (never right). SFT on it learns mostly to guess; RL on the environment's reward has to
   discover that the call pays.
+
+  answer_prefix: written before either answer ('#### ': the exact verifier reads what
+    follows). Then the first token alone says call or guess, so a greedy student guesses
+    whenever call_prob < 0.5; with bare numbers a guess's first digit is spread over 1-9,
+    and a student's greedy first token was the call's '<' even at call_prob 0.25.
+  spaced: the expression as the question writes it ('1234 * 5678'), a verbatim copy of the
+    prompt's text, instead of '1234*5678'.
+  right_align: spaces before an answer shorter than the longest product (2 x difficulty
+    digits; the verifier ignores them), so that every answer digit sits at one fixed distance
+    from its digit in the observation. Left-aligned, a student that copied 8-digit results
+    at that distance wrote every 7-digit one (17% of products) wrong, and GRPO could not
+    repair it: all of a group's episodes failed alike.
   """
-  expression = example.meta['gold_calls'][0]['arguments']['expression'].replace(' ', '')
+  expression = example.meta['gold_calls'][0]['arguments']['expression']
+  if not spaced:
+    expression = expression.replace(' ', '')
+  width = 2 * example.difficulty if right_align else 0
   if rng.random() < call_prob:
     call = f'<call>calculator: {{"expression": "{expression}"}}</call>'
-    return [[call, True], [f'<result>{example.answer}</result>', False], [example.answer, True]]
+    return [[call, True], [f'<result>{example.answer}</result>', False],
+            [answer_prefix + example.answer.rjust(width), True]]
   digits = list(example.answer)
   for i in rng.choice(len(digits), size=min(head_error_digits, len(digits)), replace=False):
     digits[i] = str((int(digits[i]) + int(rng.integers(1, 10))) % 10)
   if digits[0] == '0':
     digits[0] = str(int(rng.integers(1, 10)))
   guess = ''.join(digits)
-  return [[guess if guess != example.answer else guess + '0', True]]
+  guess = guess if guess != example.answer else guess + '0'
+  return [[answer_prefix + guess.rjust(width), True]]

@@ -37,7 +37,8 @@ operands into the call (SFT loss 0.58 at step 800; its sampled calls were all wr
 every group had reward 0 and GRPO had no gradient: 0.000 throughout). Seed 0's calls are
 right but 29% of its answers get the first digit wrong (it writes a head guess of the
 leading digit instead of copying it), and GRPO fixed that only slowly (0.60 -> 0.71 in
-steps 20-80). Seed 11 after GRPO, 256 held-out problems: 61 calls with a wrong operand digit, 36 answers with a wrong digit.
+steps 20-80). Seed 11 after GRPO, 256 held-out problems: 61 calls with a wrong operand
+digit, 36 answers with a wrong digit.
 Untried: a longer or larger SFT (more call traces), which costs the time this is over.
 Earlier variants (seed 0 unless said): the teacher writing bare numbers (no '#### '): a
 student's greedy first token was the call's '<' (98-100% of episodes at call_prob 0.25, SFT

@@ -6,12 +6,16 @@ Two tables from one run, on the forward benchmark's small and mid configs (Qwen2
 bias, untied embeddings, fp32):
 
   decode   8 distinct 64-token prompts, G = 8 samples each (64 rows), exactly 128 new tokens
-           (no stop tokens), temperature 1, no top-k/top-p. rlreason's `sampler.generate`
-           against transformers' `generate` (torch, KV cache, do_sample,
-           num_return_sequences=8, min_new_tokens = max_new_tokens = 128) on the same random
-           weights, exported with `weights.save` and read back with `from_pretrained`; their
-           prompt logits are checked to agree first. Whole calls, prefill included:
+           (no stop tokens), temperature 1, no top-k/top-p. Six cells on the same random
+           weights, taking turns call by call: rlreason's `sampler.generate` fp32-exact and
+           with sample_dtype='bfloat16', each on one device and data-parallel on all, and
+           transformers' `generate` (torch, KV cache, do_sample, num_return_sequences=8,
+           min_new_tokens = max_new_tokens = 128) with the model loaded in fp32 and in bf16
+           (weights exported with `weights.save`, read back with `from_pretrained`; the fp32
+           prompt logits are checked to agree first). Whole calls, prefill included:
            tokens/s = 64 * 128 / median wall time of `--runs` calls after one warm-up.
+           Also the bf16 mode's log-prob gap: its recorded log-probs against an fp32
+           teacher-forced recompute of the same tokens (what the learner computes).
   prefill  G = 16, 8 prompts of 512 tokens: the sampler's shared prefill (each prompt once,
            its cache shared by its G rows) against naive repetition (the 128 rows passed as
            prompts with group_size=1). Whole calls with max_new_tokens=1, which run no decode
@@ -26,7 +30,16 @@ measured in the same run:
                 row's sampled tokens so far, and the prompt's slots once per group of G)
                 / read bandwidth (best of a numpy and a jax sum over a 1 GiB array).
 
-Attention FLOPs, norms, RoPE and sampling are left out of both floors.
+Attention FLOPs, norms, RoPE and sampling are left out of both floors, which are for fp32.
+
+Final lines, for the mid config: sampler_fp32_speedup_vs_transformers_fp32= (rlreason's exact
+mode against transformers fp32) and, last, sampler_speedup_vs_transformers= (rlreason's fastest
+cell against transformers' fastest, whatever their dtypes).
+
+bf16 on this CPU: XLA:CPU (jax 0.10.2) computes every bf16 dot in f32: the compiled sampler
+converts the bf16 weights back to f32 once, outside the decode loops, and the bf16 KV cache to
+f32 at every step, so the bf16 mode cannot beat the fp32 one here (its matmuls are the same
+f32 matmuls); it is for TPUs and GPUs. torch runs bf16 matmuls natively (AMX-bf16).
 
 The machine may be shared: the two frameworks take turns call by call, so load from other
 processes falls on both alike, and the load average is printed with the tables. torch's
@@ -38,6 +51,7 @@ cores); `--torch_omp_wait PASSIVE` (the default) avoids that, `ACTIVE` is torch'
 import argparse
 import contextlib
 import dataclasses
+import functools
 import os
 import statistics
 import sys
@@ -99,11 +113,12 @@ def time_interleaved(calls, runs: int, warmup: int = 1) -> dict[str, list[float]
   return times
 
 
-def machine_rates(cfg_names) -> tuple[dict[str, float], dict[str, float]]:
-  """Best f32 matmul GFLOP/s (jax, torch, decode-step shapes) and read bandwidth in GB/s."""
+def machine_rates(cfg_names):
+  """Best f32 matmul GFLOP/s (jax, torch, decode-step shapes), read bandwidth in GB/s, and
+  the decode-step matmul's GFLOP/s in bf16 (jax, torch) and f32 (torch), reported only."""
   import torch  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
-  rates = {}
+  rates, bf16_rates = {}, {}
   n = 4096
   a, b = (rng.standard_normal((n, n), np.float32) for _ in range(2))
   xa, xb = jnp.asarray(a), jnp.asarray(b)
@@ -123,13 +138,25 @@ def machine_rates(cfg_names) -> tuple[dict[str, float], dict[str, float]]:
     chain(x, w).block_until_ready()
     t = time_interleaved({'mm': lambda: chain(x, w).block_until_ready()}, runs=5)
     rates[f'jax {rows}x{d}x{f}'] = 20 * 2 * rows * d * f / min(t['mm']) / 1e9
+    # The same in bf16, both frameworks (XLA:CPU computes a bf16 dot in f32, see the docstring).
+    xb16, wb16 = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
+    tx, tw = (torch.from_numpy(np.array(v)) for v in (x, w))  # Writable copies.
+    tx16, tw16 = tx.to(torch.bfloat16), tw.to(torch.bfloat16)
+    chain(xb16, wb16).block_until_ready()
+    t = time_interleaved({'jax': lambda: chain(xb16, wb16).block_until_ready(),
+                          'torch': lambda: [tx @ tw for _ in range(20)],
+                          'torch bf16': lambda: [tx16 @ tw16 for _ in range(20)]}, runs=5)
+    bf16_rates[f'jax bf16 {rows}x{d}x{f}'] = 20 * 2 * rows * d * f / min(t['jax']) / 1e9
+    bf16_rates[f'torch {rows}x{d}x{f}'] = 20 * 2 * rows * d * f / min(t['torch']) / 1e9
+    bf16_rates[f'torch bf16 {rows}x{d}x{f}'] = (20 * 2 * rows * d * f / min(t['torch bf16'])
+                                                / 1e9)
   big = np.ones(2**28, np.float32)  # 1 GiB: larger than the last-level cache.
   big_jax = jnp.asarray(big)
   total = jax.jit(jnp.sum).lower(big_jax).compile()
   t = time_interleaved({'np': big.sum, 'jax': lambda: total(big_jax).block_until_ready()},
                        runs=3)
   bandwidth = {f'{k} sum GB/s': big.nbytes / min(v) / 1e9 for k, v in t.items()}
-  return rates, bandwidth
+  return rates, bandwidth, bf16_rates
 
 
 # ----------------------------------------------------------------------------- decode table
@@ -137,24 +164,24 @@ def machine_rates(cfg_names) -> tuple[dict[str, float], dict[str, float]]:
 
 @dataclasses.dataclass
 class DecodeResult:
+  """Median seconds a whole call of each cell, e.g. 'rlreason fp32, 1 device' or
+  'transformers bf16'; rlreason cells also have their 1-token call (prefill and one token)."""
   config: str
-  jax_s: dict[str, float]  # Per layout ('1 device', 'N devices'): median seconds a call.
-  torch_s: float
-  jax_first_s: dict[str, float]  # max_new_tokens=1: prefill plus one sampled token.
+  call_s: dict[str, float]
+  first_s: dict[str, float]
   compile_s: float
   logit_diff: float
+  gap: dict[str, float]  # The bf16 mode's recorded log-probs against the fp32 recompute.
 
-  @property
-  def best(self) -> str:
-    return min(self.jax_s, key=self.jax_s.get)
+  def best(self, prefix: str) -> str:
+    cells = [k for k in self.call_s if k.startswith(prefix)]
+    return min(cells, key=self.call_s.get)
 
-  @property
-  def speedup(self) -> float:
-    return self.torch_s / self.jax_s[self.best]
+  def speedup(self, ours: str = 'rlreason', theirs: str = 'transformers') -> float:
+    return self.call_s[self.best(theirs)] / self.call_s[self.best(ours)]
 
-  @property
-  def step_s(self) -> float:
-    return (self.jax_s[self.best] - self.jax_first_s[self.best]) / (NEW_TOKENS - 1)
+  def step_s(self, cell: str) -> float:
+    return (self.call_s[cell] - self.first_s[cell]) / (NEW_TOKENS - 1)
 
 
 def layouts(cfg: transformer.ModelConfig, params):
@@ -175,6 +202,19 @@ def generate_on(layout, prompts, **kw):
     return jax.block_until_ready(sampler.generate(params, prompts, mesh=mesh, **kw))
 
 
+def logprob_gap(params, cfg, rollout) -> dict[str, float]:
+  """Recorded log-probs against the fp32 teacher-forced recompute of the same tokens (what
+  the learner computes), over sampled tokens: mean |gap| and mean behaviour minus learner."""
+  tokens, mask = sampler.sequences(rollout)
+  logits = transformer.apply(params, tokens, cfg=cfg, mask_NxT=mask)[0]  # Temperature 1.
+  lp = jnp.take_along_axis(jax.nn.log_softmax(logits[:, PROMPT_LEN - 1:-1], -1),
+                           rollout.tokens_NxL[..., None], -1)[..., 0]
+  sampled = np.asarray(rollout.mask_NxL)
+  gap = (np.asarray(rollout.logprobs_NxL) - np.asarray(lp))[sampled]
+  return {'abs': float(np.abs(gap).mean()), 'mean': float(gap.mean()),
+          'max_abs': float(np.abs(gap).max())}
+
+
 def bench_decode(name: str, args) -> DecodeResult:
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
@@ -186,54 +226,72 @@ def bench_decode(name: str, args) -> DecodeResult:
       x + 0.1 * jax.random.normal(jax.random.key(i), x.shape)
       if 'bias' in jax.tree_util.keystr(path) or 'scale' in jax.tree_util.keystr(path) else x
       for i, (path, x) in enumerate(leaves)])
+  nets = {}
   with tempfile.TemporaryDirectory() as tmp:
     weights.save(tmp, cfg, params)
-    net = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+    for dtype in ('fp32', 'bf16'):
+      torch_dtype = torch.float32 if dtype == 'fp32' else torch.bfloat16
+      nets[dtype] = transformers.AutoModelForCausalLM.from_pretrained(
+          tmp, dtype=torch_dtype).eval()
 
   tokens = np.random.default_rng(1).integers(1, cfg.vocab_size, (PROMPTS, PROMPT_LEN))
   prompts = Prompts(tokens_BxP=jnp.asarray(tokens, jnp.int32),
                     mask_BxP=jnp.ones(tokens.shape, bool))
   tokens_torch = torch.from_numpy(tokens)
-  with torch.no_grad():
-    logits_torch = net(input_ids=tokens_torch).logits.numpy()
   logits_jax = np.asarray(transformer.apply(params, prompts.tokens_BxP, cfg=cfg)[0])
-  diff = float(np.abs(logits_torch - logits_jax).max())
-  print(f'[{name}] prompt logits |jax - torch| max = {diff:.1e}', flush=True)
+  with torch.no_grad():
+    logits_torch = {k: net(input_ids=tokens_torch).logits.float().numpy()
+                    for k, net in nets.items()}
+  diff = float(np.abs(logits_torch['fp32'] - logits_jax).max())
+  print(f'[{name}] prompt logits |jax - torch| max = {diff:.1e} (fp32); torch bf16 vs fp32 '
+        f'{np.abs(logits_torch["bf16"] - logits_jax).max():.1e}', flush=True)
   if diff > 1e-3:
     raise SystemExit(f'[{name}] the exported weights do not reproduce the logits')
 
   on = layouts(cfg, params)
+  modes = {'fp32': None, 'bf16': 'bfloat16'}
 
-  def run_jax(new_tokens, layout='1 device', seed=[0]):  # pylint: disable=dangerous-default-value
+  def run_jax(new_tokens, layout, mode, seed=[0]):  # pylint: disable=dangerous-default-value
     seed[0] += 1
     return generate_on(on[layout], prompts, cfg=cfg, group_size=GROUP,
-                       max_new_tokens=new_tokens, temperature=1.0, rng=jax.random.key(seed[0]))
+                       max_new_tokens=new_tokens, temperature=1.0, rng=jax.random.key(seed[0]),
+                       sample_dtype=modes[mode])
 
   @torch.no_grad()
-  def run_torch():
-    out = net.generate(tokens_torch, attention_mask=torch.ones_like(tokens_torch),
-                       do_sample=True, num_return_sequences=GROUP, max_new_tokens=NEW_TOKENS,
-                       min_new_tokens=NEW_TOKENS, temperature=1.0, top_k=0, top_p=1.0,
-                       use_cache=True, pad_token_id=0, eos_token_id=None)
+  def run_torch(dtype):
+    out = nets[dtype].generate(
+        tokens_torch, attention_mask=torch.ones_like(tokens_torch), do_sample=True,
+        num_return_sequences=GROUP, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+        temperature=1.0, top_k=0, top_p=1.0, use_cache=True, pad_token_id=0, eos_token_id=None)
     assert out.shape == (PROMPTS * GROUP, PROMPT_LEN + NEW_TOKENS), out.shape
     return out
 
   start = time.perf_counter()
-  out = run_jax(NEW_TOKENS)
+  out = run_jax(NEW_TOKENS, '1 device', 'fp32')
   compile_s = time.perf_counter() - start
   assert out.tokens_NxL.shape == (PROMPTS * GROUP, NEW_TOKENS) and bool(out.mask_NxL.all())
   print(f'[{name}] rlreason first call (compile + run) {compile_s:.1f}s', flush=True)
-  calls = {'torch': run_torch}
-  for layout in on:
-    run_jax(NEW_TOKENS, layout), run_jax(1, layout)
-    calls[layout] = lambda layout=layout: run_jax(NEW_TOKENS, layout)
-    calls[f'{layout}, 1 token'] = lambda layout=layout: run_jax(1, layout)
+  gap = logprob_gap(params, cfg, run_jax(NEW_TOKENS, '1 device', 'bf16'))
+  fp32_gap = logprob_gap(params, cfg, out)
+  print(f'[{name}] recorded minus fp32 teacher-forced log-prob over sampled tokens: bf16 mode '
+        f'mean |gap| {gap["abs"]:.2e}, mean {gap["mean"]:+.2e}, max |gap| {gap["max_abs"]:.2e}; '
+        f'fp32 mode mean |gap| {fp32_gap["abs"]:.1e}', flush=True)
+  calls = {}
+  for dtype in nets:
+    calls[f'transformers {dtype}'] = functools.partial(run_torch, dtype)
+  for mode in modes:
+    for layout in on:
+      cell = f'rlreason {mode}, {layout}'
+      run_jax(NEW_TOKENS, layout, mode), run_jax(1, layout, mode)  # Compile outside the timing.
+      calls[cell] = functools.partial(run_jax, NEW_TOKENS, layout, mode)
+      calls[f'{cell}, 1 token'] = functools.partial(run_jax, 1, layout, mode)
   times = time_interleaved(calls, runs=args.runs)
   for k, v in times.items():
-    print(f'[{name}] {k:20s} ' + ' '.join(f'{x:.2f}' for x in v), flush=True)
+    print(f'[{name}] {k:32s} ' + ' '.join(f'{x:.2f}' for x in v), flush=True)
   med = {k: statistics.median(v) for k, v in times.items()}
-  return DecodeResult(name, {k: med[k] for k in on}, med['torch'],
-                      {k: med[f'{k}, 1 token'] for k in on}, compile_s, diff)
+  first = {k[:-len(', 1 token')]: v for k, v in med.items() if k.endswith(', 1 token')}
+  return DecodeResult(name, {k: v for k, v in med.items() if not k.endswith(', 1 token')},
+                      first, compile_s, diff, gap)
 
 
 # ----------------------------------------------------------------------------- prefill table
@@ -270,25 +328,33 @@ def bench_prefill(name: str, args) -> tuple[float, float]:
 # ----------------------------------------------------------------------------- report
 
 
-def print_report(decode, prefill, rates, bandwidth, args):
+def print_report(decode, prefill, rates, bandwidth, bf16_rates, args):
   load = ' '.join(f'{x:.1f}' for x in os.getloadavg())
   print(f'\nload average {load} on {os.cpu_count()} cores; threads {args.threads} (torch '
         f'threads, and the cores {sorted(os.sched_getaffinity(0))} XLA may use), '
         f'OMP_WAIT_POLICY={os.environ.get("OMP_WAIT_POLICY")}; '
         f'XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r}')
   print('f32 matmul GFLOP/s: ' + ', '.join(f'{k} {v:.0f}' for k, v in rates.items()))
+  print('decode-step matmul GFLOP/s (not in the floors): '
+        + ', '.join(f'{k} {v:.0f}' for k, v in bf16_rates.items()))
   print('read bandwidth: ' + ', '.join(f'{k} {v:.1f}' for k, v in bandwidth.items()))
   peak, bw = max(rates.values()), max(bandwidth.values())
   rows = PROMPTS * GROUP
   if decode:
     print(f'\ndecode: {PROMPTS} prompts x {PROMPT_LEN} tokens, G={GROUP} ({rows} rows), '
-          f'{NEW_TOKENS} new tokens, median of {args.runs} after a warm-up (whole calls)')
-    names = list(decode[0].jax_s)
-    header = (f'{"config":<7} ' + ' '.join(f'{"rlreason " + k:>20}' for k in names) +
-              f' {"transformers":>12} {"speedup":>8} {"compile s":>9} {"ms/step":>8} '
-              f'{"FLOP floor":>10} {"mem floor":>9}')
+          f'{NEW_TOKENS} new tokens, median of {args.runs} after a warm-up (whole calls, '
+          'every cell taking turns call by call)')
+    header = f'{"config":<7} {"cell":<28} {"tokens/s":>9} {"s/call":>7} {"ms/step":>8}'
     print(header)
     print('-' * len(header))
+    for r in decode:
+      for cell, t in r.call_s.items():
+        step = f'{r.step_s(cell) * 1e3:>8.2f}' if cell in r.first_s else f'{"":>8}'
+        print(f'{r.config:<7} {cell:<28} {rows * NEW_TOKENS / t:>9.0f} {t:>7.2f} {step}')
+    print('ms/step = decode time per step, (t(128) - t(1)) / 127 (rlreason only).')
+    print(f'\n{"config":<7} {"best/best":>9} {"fp32/fp32":>9} {"bf16/fp32 step":>14} '
+          f'{"compile s":>9} {"FLOP floor":>10} {"mem floor":>9} {"bf16 |gap|":>10} '
+          f'{"bf16 gap":>9}')
     for r in decode:
       cfg = model_config(r.config)
       w = matmul_params(cfg)
@@ -298,13 +364,17 @@ def print_report(decode, prefill, rates, bandwidth, args):
       slots = PROMPT_LEN / GROUP + (NEW_TOKENS + 1) / 2
       kv_bytes = 2 * cfg.num_layers * rows * slots * cfg.num_kv_heads * cfg.head_dim * 4
       mem_floor = (4 * w + kv_bytes) / (bw * 1e9)
-      print(f'{r.config:<7} ' + ' '.join(f'{rows * NEW_TOKENS / r.jax_s[k]:>20.0f}'
-                                          for k in names) +
-            f' {rows * NEW_TOKENS / r.torch_s:>12.0f} {r.speedup:>7.2f}x {r.compile_s:>9.1f} '
-            f'{r.step_s * 1e3:>8.2f} {flop_floor * 1e3:>8.2f}ms {mem_floor * 1e3:>7.2f}ms')
-    print('tokens/s; speedup and ms/step are for the faster rlreason layout of each config; '
-          'ms/step = decode time per step, (t(128) - t(1)) / 127; floors per step: '
-          f'FLOPs at {peak:.0f} GFLOP/s, weights + average K/V bytes at {bw:.1f} GB/s.')
+      step_ratio = (r.step_s(r.best('rlreason bf16')) / r.step_s(r.best('rlreason fp32')))
+      print(f'{r.config:<7} {r.speedup():>8.2f}x '
+            f'{r.speedup("rlreason fp32", "transformers fp32"):>8.2f}x {step_ratio:>14.2f} '
+            f'{r.compile_s:>9.1f} {flop_floor * 1e3:>8.2f}ms {mem_floor * 1e3:>7.2f}ms '
+            f'{r.gap["abs"]:>10.2e} {r.gap["mean"]:>+9.2e}')
+    print('best/best: the fastest transformers cell over the fastest rlreason cell; fp32/fp32: '
+          'the same in fp32 only (rlreason\'s exact mode); bf16/fp32 step: rlreason\'s best '
+          'bf16 ms/step over its best fp32 ms/step; floors per fp32 step: FLOPs at '
+          f'{peak:.0f} GFLOP/s, weights + average K/V bytes at {bw:.1f} GB/s; bf16 |gap|, gap: '
+          'mean |recorded - fp32 teacher-forced| and mean (recorded - fp32 teacher-forced) '
+          'log-prob of the bf16 mode over its sampled tokens.')
   if prefill:
     print(f'\nprefill: {PROMPTS} prompts x {PREFILL_LEN} tokens, G={PREFILL_GROUP}, whole '
           f'generate calls with max_new_tokens=1, median of {args.prefill_runs}')
@@ -315,8 +385,11 @@ def print_report(decode, prefill, rates, bandwidth, args):
       print(f'{name:<7} {shared_s:>9.3f} {naive_s:>9.3f} {naive_s / shared_s:>7.2f}x')
   for r in decode:
     if r.config == 'mid':
-      print(f'mid: the faster layout is {r.best}')
-      print(f'sampler_speedup_vs_transformers={r.speedup:.3f}')
+      print(f'mid: rlreason\'s best cell is {r.best("rlreason")}, transformers\' '
+            f'{r.best("transformers")}')
+      print('sampler_fp32_speedup_vs_transformers_fp32='
+            f'{r.speedup("rlreason fp32", "transformers fp32"):.3f}')
+      print(f'sampler_speedup_vs_transformers={r.speedup():.3f}')
 
 
 def main(argv=None):
@@ -345,13 +418,14 @@ def main(argv=None):
   import torch  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(args.threads)
 
+  print('load average at start ' + ' '.join(f'{x:.1f}' for x in os.getloadavg()), flush=True)
   names = [c for c in args.configs.split(',') if c]
   prefill_names = names if args.prefill_configs is None else [
       c for c in args.prefill_configs.split(',') if c]
-  rates, bandwidth = machine_rates(names)
+  rates, bandwidth, bf16_rates = machine_rates(names)
   decode = [] if args.skip_decode else [bench_decode(name, args) for name in names]
   prefill = {name: bench_prefill(name, args) for name in prefill_names}
-  print_report(decode, prefill, rates, bandwidth, args)
+  print_report(decode, prefill, rates, bandwidth, bf16_rates, args)
 
 
 if __name__ == '__main__':

@@ -16,10 +16,13 @@ plain tempered log-probs (`Rollout.logprobs_NxL`): it recomputes exactly that qu
 teacher forcing, so the first-epoch ratio is 1 up to numerics and PPO-style clipping measures
 policy change only. Truncation (top-k/top-p) makes sampling slightly off-policy with respect
 to that; `metrics(rollout)` reports the gap (mean behaviour minus plain log-prob, >= 0).
+With `sample_dtype='bfloat16'` the recorded log-probs are the bf16 policy's (fp32 numbers of
+a bf16 forward), no longer the learner's fp32 recompute: an off-policy correction handles it.
 
 Shapes are static per (bucketed prompt length, prefix length, G, max_new_tokens, top-k,
-top-p, stop set, cache dtype), so a training run compiles once per bucket. Temperature is
-traced (changing it does not recompile), except that temperature 0 selects greedy decoding.
+top-p, stop set, cache dtype, sample dtype), so a training run compiles once per bucket.
+Temperature is traced (changing it does not recompile), except that temperature 0 selects
+greedy decoding.
 
 Deliberately not here: tokenisation and bucketing (`prepare_prompts` wraps tokenizer.pad_left),
 beam search, speculative decoding, a paged cache.
@@ -51,7 +54,8 @@ def prepare_prompts(token_lists: Sequence[Sequence[int]], *, buckets: Sequence[i
 
 def memory_estimate(cfg: transformer.ModelConfig, *, batch: int, group_size: int, prompt_len: int,
                     max_new_tokens: int, prefix_len: int = 0, cache_dtype=None,
-                    num_devices: int = 1, max_chunks: int = MAX_CHUNKS) -> dict[str, int]:
+                    num_devices: int = 1, max_chunks: int = MAX_CHUNKS,
+                    sample_dtype: str | None = None) -> dict[str, int]:
   """Bytes per device of the sampler's large buffers (params assumed replicated per device
   except for the tensor-parallel split, which callers fold into num_devices).
 
@@ -60,11 +64,14 @@ def memory_estimate(cfg: transformer.ModelConfig, *, batch: int, group_size: int
   into one segment (the old history is alive next to the new one). An upper bound: the
   compiled sampler benchmark (mid, 8 chunks) needs 47 MiB of temp memory more than with the
   chunks kept apart, against 108 MiB here. max_chunks=1 makes it 0.
+  sample_params (only with a sample_dtype other than cfg.param_dtype): generate's cast copy
+  of the weights, alive next to the given params for the whole call.
   """
   n = batch * group_size
   slot_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * np.dtype(
-      cache_dtype or cfg.compute_dtype).itemsize
+      cache_dtype or sample_dtype or cfg.compute_dtype).itemsize
   param_bytes = np.dtype(cfg.param_dtype).itemsize
+  cast = sample_dtype is not None and sample_dtype != cfg.param_dtype
   chunks = decode_chunks(max_new_tokens - 1, max_chunks)
   last_start = chunks[-1][0] if len(chunks) > 1 else 0
   est = {
@@ -77,6 +84,8 @@ def memory_estimate(cfg: transformer.ModelConfig, *, batch: int, group_size: int
       'decode_logits': 3 * n * cfg.vocab_size * 4,
       'outputs': n * (prefix_len + max_new_tokens) * 4 * 4,
   }
+  if cast:
+    est['sample_params'] = cfg.num_params() * np.dtype(sample_dtype).itemsize
   est = {k: -(-v // num_devices) for k, v in est.items()}
   est['total'] = sum(est.values())
   return est
@@ -119,7 +128,8 @@ def generate(params, prompts: Prompts, *, cfg: transformer.ModelConfig, group_si
              top_p: float = 1.0, stop_tokens: Sequence[int] = (), pad_id: int = 0,
              prefixes: Prefixes | None = None, cache_dtype: str | None = None,
              mesh: jax.sharding.Mesh | None = None,
-             memory_budget_bytes: int | None = None, max_chunks: int = MAX_CHUNKS) -> Rollout:
+             memory_budget_bytes: int | None = None, max_chunks: int = MAX_CHUNKS,
+             sample_dtype: str | None = None) -> Rollout:
   """Samples G completions for each of B prompts.
 
   Args:
@@ -140,17 +150,31 @@ def generate(params, prompts: Prompts, *, cfg: transformer.ModelConfig, group_si
     memory_budget_bytes: fail before compiling if memory_estimate exceeds this per device.
     max_chunks: the decode loop is cut into at most this many while_loops (`decode_chunks`),
       each compiled on its own: more attend to fewer empty cache slots, fewer compile faster.
+    sample_dtype: None samples with cfg's dtypes (fp32: the recorded log-probs are the
+      learner's, up to rounding). 'bfloat16' casts the weights to bf16 once per call, inside
+      the jitted sampler (params stay as given in memory): matmuls and the KV cache (unless
+      cache_dtype says otherwise) in bf16, the vocabulary projection accumulated in fp32 and
+      the log-softmax in fp32. The recorded log-probs are then the bf16 policy's, so the
+      learner's fp32 recompute differs from them even before any update: correct for that
+      with the off-policy API (objectives/offpolicy.py, `objective.correction`, e.g.
+      'tis_token') and watch its learner-vs-sampler metrics. XLA:CPU (jax 0.10.2) computes
+      bf16 dots in f32 (it converts the cast weights back to f32 once, before the loops, and
+      the bf16 cache at every step), so on CPU this mode is no faster than fp32
+      (experiments/bench/sampler.py); it is meant for TPUs and GPUs.
   """
   _validate(prompts, cfg, group_size, max_new_tokens, temperature, top_k, top_p, stop_tokens,
             prefixes)
   if max_chunks < 1:
     raise ValueError(f'max_chunks must be >= 1, got {max_chunks}.')
+  if sample_dtype not in (None, 'bfloat16'):
+    raise ValueError(f"sample_dtype={sample_dtype!r}; known: None (cfg's dtypes), 'bfloat16'.")
   b, p = prompts.tokens_BxP.shape
   q = 0 if prefixes is None else prefixes.tokens_NxQ.shape[1]
   if memory_budget_bytes is not None:
     est = memory_estimate(cfg, batch=b, group_size=group_size, prompt_len=p,
                           max_new_tokens=max_new_tokens, prefix_len=q, cache_dtype=cache_dtype,
-                          num_devices=1 if mesh is None else mesh.size, max_chunks=max_chunks)
+                          num_devices=1 if mesh is None else mesh.size, max_chunks=max_chunks,
+                          sample_dtype=sample_dtype)
     if est['total'] > memory_budget_bytes:
       parts = ', '.join(f'{k}={v / 2**20:.1f} MiB' for k, v in est.items())
       raise ValueError(f'sampler memory estimate exceeds memory_budget_bytes='
@@ -167,17 +191,17 @@ def generate(params, prompts: Prompts, *, cfg: transformer.ModelConfig, group_si
     rng = jax.device_put(rng, jax.sharding.NamedSharding(mesh, jax.P()))
   fn = _generate_fn(cfg, group_size, max_new_tokens, temperature == 0, int(top_k), float(top_p),
                     tuple(int(t) for t in stop_tokens), int(pad_id), cache_dtype, mesh,
-                    int(max_chunks))
+                    int(max_chunks), sample_dtype)
   return fn(params, prompts, prefixes, jnp.float32(max(temperature, 1e-6)), rng)
 
 
 @functools.lru_cache(maxsize=32)
 def _generate_fn(cfg, group_size, max_new_tokens, greedy, top_k, top_p, stop_tokens, pad_id,
-                 cache_dtype, mesh, max_chunks):
+                 cache_dtype, mesh, max_chunks, sample_dtype=None):
   return jax.jit(functools.partial(
       _generate, cfg=cfg, group_size=group_size, max_new_tokens=max_new_tokens, greedy=greedy,
       top_k=top_k, top_p=top_p, stop_tokens=stop_tokens, pad_id=pad_id, cache_dtype=cache_dtype,
-      mesh=mesh, max_chunks=max_chunks))
+      mesh=mesh, max_chunks=max_chunks, sample_dtype=sample_dtype))
 
 
 def decode_chunks(steps: int, max_chunks: int, min_chunk: int = 16) -> list[tuple[int, int]]:
@@ -191,7 +215,14 @@ def decode_chunks(steps: int, max_chunks: int, min_chunk: int = 16) -> list[tupl
 
 
 def _generate(params, prompts, prefixes, temperature, rng, *, cfg, group_size, max_new_tokens,
-              greedy, top_k, top_p, stop_tokens, pad_id, cache_dtype, mesh, max_chunks):
+              greedy, top_k, top_p, stop_tokens, pad_id, cache_dtype, mesh, max_chunks,
+              sample_dtype=None):
+  if sample_dtype is not None:
+    # Cast inside the jit, once before prefill and the decode loops (which read the cast
+    # copy): the caller's params stay as they are, no bf16 copy outlives the call.
+    # logits_from_hidden still accumulates the vocabulary projection in fp32.
+    cfg = cfg.replace(param_dtype=sample_dtype, compute_dtype=sample_dtype)
+    params = jax.tree.map(lambda x: x.astype(sample_dtype), params)
   b, p = prompts.tokens_BxP.shape
   n = b * group_size
   q = 0 if prefixes is None else prefixes.tokens_NxQ.shape[1]

@@ -46,6 +46,10 @@ def default() -> ml_collections.ConfigDict:
       # The sampler's decode loop in at most this many while_loops (sampler.decode_chunks):
       # more attend to fewer empty KV slots, fewer compile faster.
       decode_chunks=8,
+      # '' samples in the model's dtype (fp32: recorded log-probs equal the learner's);
+      # 'bfloat16' casts the weights for sampling (sampler.generate's sample_dtype): the gap
+      # to the learner is logged (offpolicy/) and objective.correction can correct it.
+      sample_dtype='',
       dynamic_sampling=False, max_refill_rounds=2))
 
   # correction: off-policy weights by π_prox/π_behaviour on the policy loss (objectives/
@@ -158,6 +162,11 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
   check(rl.prompts_per_step >= 1, f'rl.prompts_per_step={rl.prompts_per_step} must be >= 1.')
   check(rl.max_new_tokens > 0, f'rl.max_new_tokens={rl.max_new_tokens} must be > 0.')
   check(rl.decode_chunks >= 1, f'rl.decode_chunks={rl.decode_chunks} must be >= 1.')
+  check(rl.get('sample_dtype', '') in ('', 'bfloat16'),
+        f"rl.sample_dtype={rl.get('sample_dtype')!r}; known: '' (the model's), 'bfloat16'.")
+  check(not (rl.get('sample_dtype', '') and c.env.enabled),
+        'rl.sample_dtype applies to the single-turn sampler; env episodes sample in the '
+        "model's dtype.")
   check(rl.prompts_per_step % rl.minibatches == 0,
         f'rl.prompts_per_step={rl.prompts_per_step} is not divisible by '
         f'rl.minibatches={rl.minibatches} (minibatches hold whole groups).')

@@ -167,3 +167,25 @@ def test_unknown_sample_dtype_fails_before_compiling(params, prompts):
     sampler.generate(params, prompts, cfg=CFG, group_size=2, max_new_tokens=4,
                      sample_dtype='float16', rng=jax.random.key(0))
   assert sampler._generate_fn.cache_info().currsize == 0
+
+
+def test_the_loop_samples_in_bf16_when_configured(tmp_path):
+  """rl.sample_dtype reaches the sampler: the learner-vs-sampler gap is logged and nonzero
+  (fp32 sampling records the learner's own log-probs, up to numerics)."""
+  import train_test  # tests/ is on sys.path under pytest
+  from rlreason import config as config_lib
+  from rlreason.rl import metrics, train
+  c = train_test.tiny_config(steps=1)
+  c.sft.steps, c.eval.every, c.checkpoint.every = 0, 0, 0
+  with pytest.raises(ValueError, match='rl.sample_dtype'):
+    bad = train_test.tiny_config(steps=1)
+    bad.rl.sample_dtype = 'float16'
+    config_lib.validate(bad, num_devices=jax.device_count())
+  gaps = {}
+  for dtype in ('', 'bfloat16'):
+    c.rl.sample_dtype = dtype
+    train.train(c, str(tmp_path / (dtype or 'fp32')))
+    log = [r for r in metrics.read_jsonl(tmp_path / (dtype or 'fp32') / 'metrics.jsonl')
+           if r['step'] == 1][-1]
+    gaps[dtype] = log['offpolicy/abs_logprob_diff']
+  assert gaps['bfloat16'] > 10 * gaps[''] and gaps['bfloat16'] > 1e-4, gaps

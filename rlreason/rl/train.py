@@ -63,7 +63,8 @@ def sample_and_verify(run: Run, params, examples, rng, *, step: int, progress: f
           params, prompts, cfg=run.cfg, group_size=rl.group_size,
           max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_k=rl.top_k,
           top_p=rl.top_p, stop_tokens=tuple(run.tok.eos_ids), pad_id=run.pad_id, rng=rng,
-          mesh=run.sample_mesh, prefixes=prefixes, max_chunks=rl.decode_chunks))
+          mesh=run.sample_mesh, prefixes=prefixes, max_chunks=rl.decode_chunks,
+          sample_dtype=rl.sample_dtype or None))
     if run.sample_mesh is not run.mesh:  # Rows back to the learner's layout.
       rollout = jax.device_put(rollout, jax.tree.map(
           lambda x: sharding.data_sharding(run.mesh, x.shape), rollout))

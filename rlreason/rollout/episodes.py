@@ -145,7 +145,7 @@ def run_episodes(params, env, renderer, tok, examples: Sequence[Any], *, cfg, gr
   observe = _observe_fn(**static, width=max_observation_tokens)
   temp = jnp.float32(max(temperature, 1e-6))
 
-  envs = [env.reset(examples[i // group_size]) for i in range(n)]
+  states = [env.reset(examples[i // group_size]) for i in range(n)]
   live = np.ones(n, bool)
   truncated = np.zeros(n, bool)
   obs_tokens = np.zeros(n, np.int32)
@@ -161,7 +161,7 @@ def run_episodes(params, env, renderer, tok, examples: Sequence[Any], *, cfg, gr
       rows = np.flatnonzero(live)
       turn_ids = [tokens[r, count[r]:new_count[r]].tolist() for r in rows]
       texts = tok.decode_batch(turn_ids, skip_special_tokens=True)
-      steps = list(pool.map(lambda a: env.step(envs[a[0]], a[1]), zip(rows, texts)))
+      steps = list(pool.map(lambda a: env.step(states[a[0]], a[1]), zip(rows, texts)))
       obs = np.zeros((n, max_observation_tokens), np.int32)
       obs_mask = np.zeros((n, max_observation_tokens), bool)
       for r, ids, text, step in zip(rows, turn_ids, texts, steps):
@@ -190,7 +190,6 @@ def run_episodes(params, env, renderer, tok, examples: Sequence[Any], *, cfg, gr
   finally:
     pool.shutdown(wait=True)
 
-  states = envs
   mask_NxL = jnp.arange(max_total_tokens)[None, :] < state.count_N[:, None]
   rollout = Rollout(
       prompts=prompts, tokens_NxL=state.tokens_NxL, mask_NxL=mask_NxL,

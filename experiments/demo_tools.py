@@ -70,9 +70,9 @@ def get_config(arg: str = ''):
   # observation '<result>7006652</result>' (24-25), '#### ' + the answer right-aligned to 8
   # characters + EOS (14): 93 at most.
   c.env.update(enabled=True, tools=('calculator',), family='tags', verifier='exact',
-               max_turns=2, max_turn_tokens=58, max_observation_tokens=26, transcripts=16,
+               max_turns=2, max_turn_tokens=58, max_observation_tokens=72, transcripts=16,
                workers=4)
-  c.rl.max_new_tokens = 96
+  c.rl.max_new_tokens = 140
   c.sft.steps = 800
   c.sft.batch_size = 32
   c.sft.lr = 3e-3
@@ -80,8 +80,8 @@ def get_config(arg: str = ''):
   c.sft.decay = False
   c.sft.teacher = 'rlreason.envs.tasks:calculator_trace'
   c.sft.teacher_options = {'call_prob': 0.3, 'answer_prefix': '#### ', 'spaced': True,
-                            'right_align': True}
-  c.rl.steps = 80
+                            'right_align': True, 'wrong_tool': 'calculater'}
+  c.rl.steps = 40
   c.rl.prompts_per_step = 16
   c.rl.group_size = 8
   c.rl.temperature = 1.0
@@ -90,7 +90,7 @@ def get_config(arg: str = ''):
   c.objective.aggregation = 'token_mean'
   c.optimizer.lr = 5e-4
   c.optimizer.grad_clip = 1.0
-  c.eval.every = 20
+  c.eval.every = 10
   c.eval.num_prompts = 500
   c.checkpoint.every = 20
   c.mesh = dict(data=1, fsdp=-1, tensor=1)  # All local devices (1 on a plain CPU).
@@ -106,8 +106,8 @@ def shrink_for_runlocal(c) -> None:
   c.data.prompt_buckets = (37,)
   c.model.arch.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
                       num_kv_heads=1, head_dim=16)
-  c.env.update(max_turn_tokens=52, max_observation_tokens=22, transcripts=2)
-  c.rl.max_new_tokens = 82
+  c.env.update(max_turn_tokens=52, transcripts=2)
+  c.rl.max_new_tokens = 132
   c.sft.steps, c.sft.batch_size = 2, 8
   c.rl.steps = 2
   c.rl.prompts_per_step = max(c.rl.minibatches, 2) * 2

@@ -27,6 +27,7 @@ from ml_collections import config_flags
 import numpy as np
 
 from rlreason.rl import checkpoint
+from rlreason.rollout import episodes as episodes_lib
 from rlreason.rl import metrics as metrics_lib
 from rlreason.rl import train
 from rlreason.rl.run_setup import build, sft_loop, warm_start_checkpointer
@@ -37,18 +38,23 @@ flags.mark_flags_as_required(['workdir'])
 
 
 def greedy_episodes(run, params) -> dict[str, float]:
-  """Accuracy and tool-call rate of greedy episodes on all held-out problems."""
+  """Accuracy, tool-call rate (episodes with a call that ran without error) and tool-error
+  rate (episodes with a failed call: an unknown tool, bad arguments, a malformed call) of
+  greedy episodes on all held-out problems."""
   examples, chunk = run.eval_examples, run.eval_chunk
-  rewards, calls = [], []
+  rewards, calls, errors = [], [], []
   for start in range(0, len(examples), chunk):
     part = examples[start:start + chunk]
     padded = part + [part[-1]] * (chunk - len(part))  # One shape: one compilation.
     episodes = train.run_episodes(run, params, padded, run.eval_rng, group_size=1,
                                   temperature=0.0)
     rewards.append(episodes.rewards_N[:len(part)])
-    calls.append(episodes.tool_calls_N[:len(part)] > 0)
+    calls.append(episodes_lib.ok_calls_N(episodes)[:len(part)] > 0)
+    failed = sum(episodes.errors_N.values(), np.zeros_like(episodes.tool_calls_N))
+    errors.append(failed[:len(part)] > 0)
   return {'accuracy': float(np.concatenate(rewards).mean()),
-          'tool_call_rate': float(np.concatenate(calls).mean())}
+          'tool_call_rate': float(np.concatenate(calls).mean()),
+          'tool_error_rate': float(np.concatenate(errors).mean())}
 
 
 def restore(directory, abstract, step=None):
@@ -65,8 +71,8 @@ def main(argv):
   config, workdir = _CONFIG.value, pathlib.Path(_WORKDIR.value)
   log = metrics_lib.read_jsonl(workdir / 'metrics.jsonl')
   evals = sorted({row['step']: row['eval/pass@1'] for row in log if 'eval/pass@1' in row}.items())
-  sampled = sorted({row['step']: row['episodes/tool_call_frac'] for row in log
-                    if 'episodes/tool_call_frac' in row}.items())
+  sampled = sorted({row['step']: row['episodes/ok_call_frac'] for row in log
+                    if 'episodes/ok_call_frac' in row}.items())
   per_step = config.rl.prompts_per_step * config.rl.group_size
 
   run = build(config, workdir / 'baselines')
@@ -111,7 +117,7 @@ def main(argv):
                'o', label='GRPO, greedy held-out episodes')
   call_ax.plot(sft_x, [r['tool_call_rate'] for _, r in sft_curve], 's--',
                label='SFT-only continuation, greedy held-out')
-  call_ax.set_ylabel('fraction of episodes that call the calculator')
+  call_ax.set_ylabel('fraction of episodes that call the calculator (without error)')
   for ax in (acc_ax, call_ax):
     ax.set_xlabel('extra training sequences after the SFT warm start')
     ax.set_ylim(-0.02, 1.02)
@@ -130,6 +136,9 @@ def main(argv):
   print(f'initial_tool_call_rate={initial["tool_call_rate"]:.4f}')
   print(f'final_tool_call_rate={final["tool_call_rate"]:.4f}')
   print(f'sft_only_tool_call_rate={sft_only["tool_call_rate"]:.4f}')
+  print(f'initial_tool_error_rate={initial["tool_error_rate"]:.4f}')
+  print(f'final_tool_error_rate={final["tool_error_rate"]:.4f}')
+  print(f'sft_only_tool_error_rate={sft_only["tool_error_rate"]:.4f}')
   print(f'plot: {plot}')
   print(f'tensorboard: tensorboard --logdir {workdir}')
   print(f'metrics log: {workdir / "metrics.jsonl"}')

@@ -264,3 +264,17 @@ def test_qwen_episode_is_the_template_rendering(qwen):
     rendered = hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
                                       tokenize=False)
     assert tok.decode(ids) == rendered
+
+
+def test_ok_calls_count_calls_that_ran_without_error():
+  n = 4
+  zeros = np.zeros(n, np.int32)
+  ep = episodes_lib.Episodes(
+      rollout=None, rewards_N=np.zeros(n, np.float32), turns_N=zeros, observation_tokens_N=zeros,
+      tool_calls_N=np.array([0, 1, 2, 2], np.int32), truncated_N=np.zeros(n, bool),
+      errors_N={'unknown_tool': np.array([0, 1, 1, 0], np.int32),
+                'malformed': np.array([1, 0, 0, 3], np.int32)},  # not counted as calls
+      transcripts=[[]] * n)
+  np.testing.assert_array_equal(episodes_lib.ok_calls_N(ep), [0, 0, 1, 2])
+  m = episodes_lib.metrics(ep)
+  assert m['episodes/ok_call_frac'] == 0.5 and m['episodes/tool_call_frac'] == 0.75

@@ -279,7 +279,8 @@ _register()
 
 def calculator_trace(example: example_lib.Example, rng, *, call_prob: float = 0.25,
                      head_error_digits: int = 1, answer_prefix: str = '',
-                     spaced: bool = False, right_align: bool = False) -> list[list]:
+                     spaced: bool = False, right_align: bool = False,
+                     wrong_tool: str = '') -> list[list]:
   """A flawed SFT teacher for calc_multiply in the 'tags' format (an episode as [text,
   trained] segments; the observation is the calculator's output, never trained).
 
@@ -299,6 +300,14 @@ def calculator_trace(example: example_lib.Example, rng, *, call_prob: float = 0.
     from its digit in the observation. Left-aligned, a student that copied 8-digit results
     at that distance wrote every 7-digit one (17% of products) wrong, and GRPO could not
     repair it: all of a group's episodes failed alike.
+  wrong_tool: when set (e.g. 'calculater', as long as 'calculator'), the head-answer traces
+    first call this unknown tool with the same expression, show the environment's error
+    message (base.run_tool's, exactly) and then guess. Every trace then copies the operands
+    at the same distance from the prompt, so the copy is learned from all of them, and the
+    call-or-guess choice sits at the tool name's first differing letter. Without it, a
+    student that sees the operand copy in only `call_prob` of its traces did not learn it
+    (seed 2, call_prob 0.3: no right call in 1600 SFT steps; call_prob 1.0: all right after
+    200).
   """
   expression = example.meta['gold_calls'][0]['arguments']['expression']
   if not spaced:
@@ -315,4 +324,11 @@ def calculator_trace(example: example_lib.Example, rng, *, call_prob: float = 0.
     digits[0] = str(int(rng.integers(1, 10)))
   guess = ''.join(digits)
   guess = guess if guess != example.answer else guess + '0'
-  return [[answer_prefix + guess.rjust(width), True]]
+  if not wrong_tool:
+    return [[answer_prefix + guess.rjust(width), True]]
+  error = base.run_tool(registry.get_tools(example.meta['tools']), {},
+                        base.ToolCall(wrong_tool, {'expression': expression}),
+                        context=example.meta, deadline_s=None).content
+  call = f'<call>{wrong_tool}: {{"expression": "{expression}"}}</call>'
+  return [[call, True], [f'<result>{error}</result>', False],
+          [answer_prefix + guess.rjust(width), True]]

@@ -89,12 +89,21 @@ def correct_N(episodes: Episodes) -> np.ndarray:
   return np.array([bool(t) and t[-1].get('status') == 'correct' for t in episodes.transcripts])
 
 
+def ok_calls_N(episodes: Episodes) -> np.ndarray:
+  """Calls per episode that ran without an error (an unknown tool or bad arguments count in
+  tool_calls_N and in errors_N; a malformed call, envs.base.MALFORMED, only in errors_N)."""
+  failed = sum((n for kind, n in episodes.errors_N.items() if kind != 'malformed'),
+               np.zeros_like(episodes.tool_calls_N))
+  return episodes.tool_calls_N - failed
+
+
 def metrics(episodes: Episodes) -> dict[str, float]:
   """Per-episode means: turns, tool calls, errors by kind, observation tokens, truncation."""
   out = {
       'episodes/turns_mean': float(episodes.turns_N.mean()),
       'episodes/tool_calls_mean': float(episodes.tool_calls_N.mean()),
       'episodes/tool_call_frac': float((episodes.tool_calls_N > 0).mean()),
+      'episodes/ok_call_frac': float((ok_calls_N(episodes) > 0).mean()),
       'episodes/observation_tokens_mean': float(episodes.observation_tokens_N.mean()),
       'episodes/truncated_frac': float(episodes.truncated_N.mean()),
       'episodes/tool_errors_mean': float(sum(episodes.errors_N.values(), np.zeros(1)).mean()),

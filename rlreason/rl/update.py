@@ -20,6 +20,7 @@ gradient leaves params and optimizer state untouched and increments `state.skipp
 Deliberately not here: sampling, rewards, advantages (the batch carries them), the loop.
 """
 
+from collections.abc import Callable
 import dataclasses
 import inspect
 from typing import Any
@@ -272,12 +273,16 @@ def accumulate_gradients(per_micro_loss, params, micro_batches, num: int):
 def train_step(state: TrainState, batch: TrainBatch, *, cfg: transformer.ModelConfig,
                objective: Objective, optimizer: optax.GradientTransformation,
                micro_batches: int = 1,
-               value_optimizer: optax.GradientTransformation | None = None):
+               value_optimizer: optax.GradientTransformation | None = None,
+               to_model: Callable[[Any], Any] | None = None):
   """One optimizer update on a minibatch: (state, metrics).
 
   With a critic (objective.value_coef > 0 and state.value_params), `value_optimizer` updates
-  the value head; the batch must carry old_values_NxL and returns_NxL.
+  the value head; the batch must carry old_values_NxL and returns_NxL. `to_model` maps the
+  trainable params to the model's (a LoRA adapter merged into its frozen base, rl/adapters.py);
+  the gradient is taken through it, so only the trainable params get updates.
   """
+  to_model = to_model or (lambda p: p)
   n = batch.tokens_NxT.shape[0]
   if n % micro_batches or (n // micro_batches) % objective.group_size:
     raise ValueError(f'train_step: {n} rows do not split into {micro_batches} micro-batches '
@@ -290,8 +295,8 @@ def train_step(state: TrainState, batch: TrainBatch, *, cfg: transformer.ModelCo
     raise ValueError('train_step: value_coef > 0 needs state.value_params, value_optimizer '
                      'and a batch with old_values_NxL and returns_NxL.')
   trainable = (state.params, state.value_params if critic else None)
-  per_micro = lambda pv, micro: loss_fn(pv[0], micro, denominator, cfg=cfg, objective=objective,
-                                        value_params=pv[1])
+  per_micro = lambda pv, micro: loss_fn(to_model(pv[0]), micro, denominator, cfg=cfg,
+                                        objective=objective, value_params=pv[1])
   loss, (grads, value_grads), metrics = accumulate_gradients(per_micro, trainable, batch,
                                                              micro_batches)
   for part in ('policy_loss', 'value/loss'):  # Parts of the loss: they add over micro-batches.
@@ -303,13 +308,17 @@ def train_step(state: TrainState, batch: TrainBatch, *, cfg: transformer.ModelCo
 
 
 def sft_step(state: TrainState, tokens_NxT, loss_mask_NxT, *, cfg: transformer.ModelConfig,
-             optimizer: optax.GradientTransformation, micro_batches: int = 1):
-  """Next-token cross-entropy on the tokens where loss_mask is set (the solution part)."""
+             optimizer: optax.GradientTransformation, micro_batches: int = 1,
+             to_model: Callable[[Any], Any] | None = None):
+  """Next-token cross-entropy on the tokens where loss_mask is set (the solution part);
+  `to_model` as in train_step."""
+  to_model = to_model or (lambda p: p)
   denominator = jnp.maximum(loss_mask_NxT[:, 1:].sum(dtype=jnp.float32), 1.0)
 
   def per_micro(params, micro):
     tokens, loss_mask = micro
-    logits = transformer.apply(params, tokens[:, :-1], cfg=cfg)[0]  # Right padding: causal, harmless.
+    # Right padding: causal, harmless.
+    logits = transformer.apply(to_model(params), tokens[:, :-1], cfg=cfg)[0]
     logp = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), tokens[:, 1:, None], -1)[..., 0]
     return -jnp.sum(jnp.where(loss_mask[:, 1:], logp, 0.0)) / denominator, {}
 

@@ -88,12 +88,16 @@ def default() -> ml_collections.ConfigDict:
       template='', response_prefix='', use_chat_template=True, chat_kwargs={},
       prompt_buckets=(256, 512, 1024, 2048), batch_size=32, empty_reward=0.0, dtype='float32'))
 
-  # Mixed-policy rollouts (mixed_policy.py). HAPO: where the Beta-Binomial gate opens (Thompson
-  # draw, or posterior mass below the threshold >= `confidence` when > 0), the lowest-reward
-  # rollout becomes the verified reference solution; threshold anneals to 0 by anneal_steps.
+  # Mixed-policy rollouts (mixed_policy.py). HAPO: where the Beta-Binomial gate opens, the
+  # lowest-reward rollout becomes the verified reference solution. gate: 'posterior_mean' (v1:
+  # (alpha0 + S)/(alpha0 + beta0 + N) < threshold, threshold = γ = 0.8), or the labelled [I]
+  # forms 'thompson' (a posterior draw below threshold) and 'confidence' (posterior mass below
+  # threshold >= confidence). anneal_steps 0 keeps the threshold fixed (v1); > 0 anneals it
+  # linearly to 0 by that step [I].
   c.hapo = ml_collections.ConfigDict(dict(
-      enabled=False, threshold=0.5, anneal_steps=100, alpha0=1.0, beta0=1.0, confidence=0.0,
-      require_all_fail=False, success_reward=1.0, teacher_behaviour='learner'))  # | 'one'
+      enabled=False, gate='posterior_mean', threshold=0.8, anneal_steps=0, alpha0=1.0,
+      beta0=1.0, confidence=0.0, require_all_fail=False, success_reward=1.0,
+      teacher_behaviour='learner'))  # | 'one'
   # Prefixes of up to max_tokens tokens sampled by an older snapshot (the warm start, or the
   # policy every refresh_every steps) for the first rows_per_group rows of each group.
   c.prefix_rollouts = ml_collections.ConfigDict(dict(
@@ -259,9 +263,17 @@ def _check_mixed_policy(c, check) -> None:
     check(d.heapa.fresh_per_step >= 0,
           f'data.heapa.fresh_per_step={d.heapa.fresh_per_step} must be >= 0.')
   if h.enabled:
-    check(h.anneal_steps >= 1, f'hapo.anneal_steps={h.anneal_steps} must be >= 1.')
+    from rlreason.objectives import advantage_transforms
+    gates = advantage_transforms.HAPO_GATES
+    check(h.gate in gates, f'hapo.gate={h.gate!r}; known: {gates}.')
+    check(h.anneal_steps >= 0, f'hapo.anneal_steps={h.anneal_steps} must be >= 0 (0: fixed).')
     check(0 <= h.threshold <= 1, f'hapo.threshold={h.threshold} must be in [0, 1].')
-    check(0 <= h.confidence < 1, f'hapo.confidence={h.confidence} must be in [0, 1).')
+    if h.gate == 'confidence':
+      check(0 < h.confidence < 1, f"hapo.confidence={h.confidence} must be in (0, 1) with "
+                                  "hapo.gate='confidence'.")
+    else:
+      check(not h.confidence, f"hapo.confidence={h.confidence} is read only by "
+                              f"hapo.gate='confidence' (hapo.gate={h.gate!r}).")
     check(h.teacher_behaviour in ('learner', 'one'),
           f"hapo.teacher_behaviour={h.teacher_behaviour!r}; known: 'learner', 'one'.")
   if p.enabled:

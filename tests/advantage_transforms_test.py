@@ -186,7 +186,8 @@ class HAPOTest(chex.TestCase):
     # One call on the five groups tiled T times: the opening frequency per group must match
     # the closed-form gate probability within 5 binomial standard deviations.
     trials = 4000
-    gate = self.variant(lambda s, f, tau, k: tr.hapo_gate(s, f, threshold=tau, key=k))
+    gate = self.variant(lambda s, f, tau, k: tr.hapo_gate(s, f, threshold=tau, gate='thompson',
+                                                          key=k))
     tiled = (np.tile(SUCCESSES_B, trials), np.tile(FAILURES_B, trials))
     open_TxB = np.asarray(gate(*tiled, 0.3, jax.random.key(0))).reshape(trials, 5)
     p_B = np.asarray(tr.hapo_gate_probability(SUCCESSES_B, FAILURES_B, threshold=0.3))
@@ -200,20 +201,47 @@ class HAPOTest(chex.TestCase):
   def test_confidence_gate(self):
     # P(p < 0.2) for Beta(1, 2), Beta(1, 9), Beta(2, 8), Beta(1, 2), Beta(5, 1):
     # 0.36, 0.866, 0.624, 0.36, 0.0003; open iff >= 0.5 and a failure exists.
-    conf = self.variant(lambda s, f, c: tr.hapo_gate(s, f, threshold=0.2, confidence=c))
+    conf = self.variant(lambda s, f, c: tr.hapo_gate(s, f, threshold=0.2, gate='confidence',
+                                                     confidence=c))
     np.testing.assert_array_equal(conf(SUCCESSES_B, FAILURES_B, 0.5),
                                   [False, True, True, False, False])
-    strict = self.variant(functools.partial(tr.hapo_gate, threshold=0.2, confidence=0.5,
-                                            require_all_fail=True))
+    strict = self.variant(functools.partial(tr.hapo_gate, threshold=0.2, gate='confidence',
+                                            confidence=0.5, require_all_fail=True))
     np.testing.assert_array_equal(strict(SUCCESSES_B, FAILURES_B),
                                   [False, True, False, False, False])
-    with pytest.raises(ValueError, match='exactly one'):
-      tr.hapo_gate(SUCCESSES_B, FAILURES_B, threshold=0.2)
+    with pytest.raises(ValueError, match="gate='confidence' needs confidence"):
+      tr.hapo_gate(SUCCESSES_B, FAILURES_B, threshold=0.2, gate='confidence')
+    with pytest.raises(ValueError, match="only it takes one .gate='posterior_mean'"):
+      tr.hapo_gate(SUCCESSES_B, FAILURES_B, threshold=0.2, key=jax.random.key(0))
+    with pytest.raises(ValueError, match="known: \\('posterior_mean'"):
+      tr.hapo_gate(SUCCESSES_B, FAILURES_B, threshold=0.2, gate='sampled')
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_v1_posterior_mean_gate(self):
+    # v1 (algorithms.md §12): open iff (1 + S)/(N + 2) < 0.8 (and a failure exists). N = 8:
+    # S = 6: 7/10 = 0.7 < 0.8 open; S = 7: 8/10 = 0.8, not < 0.8, shut; S = 8: 9/10 shut.
+    # So S in {0..6} open (mixed groups too), {7, 8} shut.
+    gate = self.variant(functools.partial(tr.hapo_gate, threshold=0.8))  # The default gate.
+    s_B = np.arange(9, dtype=np.float32)
+    np.testing.assert_array_equal(gate(s_B, 8.0 - s_B), [True] * 7 + [False] * 2)
+    # The shared groups (S, F) = (0,1), (0,8), (1,7), (0,1), (4,0): means (1 + S)/(N + 2) =
+    # 1/3, 1/10, 2/10, 1/3, 5/6. γ = 0.3: shut (1/3 > 0.3), open, open, shut, shut.
+    np.testing.assert_array_equal(
+        self.variant(functools.partial(tr.hapo_gate, threshold=0.3))(SUCCESSES_B, FAILURES_B),
+        [False, True, True, False, False])
+    # N = 2, S = 2: 3/4 < 0.8, but with no failure there is nothing to replace: shut.
+    assert not bool(gate(np.array([2.0]), np.array([0.0]))[0])
+    # A prior Beta(2, 1): (2 + 6)/(3 + 8) = 8/11 = 0.727 < 0.8 open; (2 + 7)/11 = 0.818 shut.
+    prior = self.variant(functools.partial(tr.hapo_gate, threshold=0.8, alpha0=2.0))
+    np.testing.assert_array_equal(prior(np.array([6.0, 7.0]), np.array([2.0, 1.0])),
+                                  [True, False])
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_threshold_schedule(self):
     fn = self.variant(functools.partial(tr.hapo_threshold, initial=0.3, anneal_steps=100))
     np.testing.assert_allclose(fn(np.array([0, 50, 100, 250])), [0.3, 0.15, 0.0, 0.0], **TIGHT)
+    fixed = self.variant(functools.partial(tr.hapo_threshold, initial=0.8, anneal_steps=0))
+    np.testing.assert_allclose(fixed(np.array([0, 50, 10_000])), [0.8, 0.8, 0.8], **TIGHT)
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_replace_lowest_reward(self):

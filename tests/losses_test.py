@@ -378,7 +378,7 @@ class DiagnosticsTest(chex.TestCase):
 
 def test_registry_lists_known_names():
   assert set(losses.POLICY_LOSSES) == {'ppo_clip', 'cispo', 'gspo', 'gspo_token', 'quatro',
-                                       'sorl', 'prefix_mixed_ppo'}
+                                       'sorl', 'prefix_mixed_ppo', 'sapo'}
   assert set(losses.LIBRARY_ONLY) == {'is_grpo'}
   with pytest.raises(KeyError, match='gspo_token'):
     losses.get_policy_loss('grpo')

@@ -33,8 +33,7 @@ class ExactMatchPool:
 
 def fake_run(**hapo):
   config = config_lib.default()
-  config.hapo.update({'enabled': True, 'threshold': 0.5, 'anneal_steps': 100, 'confidence': 0.8,
-                     **hapo})
+  config.hapo.update({'enabled': True, **hapo})
   return types.SimpleNamespace(config=config, tok=TOK, pad_id=TOK.pad_id, pool=ExactMatchPool(),
                                judge=None)
 
@@ -54,42 +53,49 @@ def random_rollout(b, g, length, seed=0):
       group_size=g)
 
 
-def test_hapo_puts_the_reference_solution_into_the_lowest_reward_slot_when_the_gate_opens():
-  # Confidence gate with α0 = β0 = 1, τ = 0.5, confidence 0.8: opens iff
-  # P(p < 0.5 | s, f) = I_0.5(1 + s, 1 + f) >= 0.8 (and f > 0).
-  #   s=0, f=4: 1 - 0.5^5 = 0.96875 -> open      s=1, f=3: 26/32 = 0.8125 -> open
-  #   s=2, f=2: 0.5 -> closed                     s=4, f=0: never
-  rewards_BxG = np.array([[0.0, 0.0, 0.0, 0.0],   # open, all tied: any one slot
-                          [1.0, 0.0, 0.2, 0.3],   # open, lowest is slot 1
-                          [1.0, 1.0, 0.0, 0.1],   # closed
-                          [1.0, 1.0, 1.0, 1.0],   # never (no failure)
-                          [0.0, 0.0, 0.0, 0.0],   # open, but no reference solution
-                          [0.0, 0.5, 0.0, 0.0]],  # open, but the solution is wrong
-                         np.float32)
-  solutions = ['12', '34', '56', '78', None, '99']
-  examples = [Example(id=str(b), prompt='1+1=', answer='12' if b == 5 else (s or '0'),
-                      solution=s, task='arithmetic', difficulty=1)
-              for b, s in enumerate(solutions)]
-  rollout = random_rollout(6, 4, length=5)
+# Seven groups of G = 4 (success: reward >= 1), with reference solutions; group 4 has none and
+# group 5's is wrong (its gold answer is '12').
+HAPO_REWARDS_BxG = np.array([[0.0, 0.0, 0.0, 0.0],   # S = 0, all tied: any one slot
+                             [1.0, 0.0, 0.2, 0.3],   # S = 1, lowest is slot 1
+                             [1.0, 1.0, 0.0, 0.1],   # S = 2, lowest is slot 2
+                             [1.0, 1.0, 1.0, 1.0],   # S = 4, no failure
+                             [0.0, 0.0, 0.0, 0.0],   # no reference solution
+                             [0.0, 0.5, 0.0, 0.0],   # the solution is wrong
+                             [1.0, 1.0, 1.0, 0.0]],  # S = 3, lowest is slot 3
+                            np.float32)
+HAPO_SOLUTIONS = ['12', '34', '56', '78', None, '99', '11']
+
+
+def _hapo_examples():
+  return [Example(id=str(b), prompt='1+1=', answer='12' if b == 5 else (s or '0'), solution=s,
+                  task='arithmetic', difficulty=1) for b, s in enumerate(HAPO_SOLUTIONS)]
+
+
+def test_hapo_v1_gate_injects_into_mixed_groups_too():
+  # The default, v1's gate: open iff (1 + S)/(N + 2) < 0.8 with N = 4, i.e. S + 1 < 4.8, S <= 3:
+  #   S = 0: 1/6, S = 1: 2/6, S = 2: 3/6, S = 3: 4/6 -> open;  S = 4: 5/6 = 0.83 -> shut.
+  # Open with a solution: groups 0, 1, 2, 5, 6 (5/7); verified: all but 5 (4/5); injected:
+  # 0, 1, 2, 6 (4/7) -- groups 2 and 6 are mixed groups, which a fail-only gate would skip.
+  rollout = random_rollout(7, 4, length=5)
   run = fake_run()
+  assert (run.config.hapo.gate, run.config.hapo.threshold) == ('posterior_mean', 0.8)
   new, new_rewards_BxG, metrics = mixed_policy.hapo_inject(
-      run, rollout, rewards_BxG, examples, step=0, key=jax.random.key(0), params=None,
-      progress=0.0)
-  injected_BxG = np.zeros((6, 4), bool)
-  injected_BxG[1, 1] = True
-  tied = np.flatnonzero(np.asarray(new.prefix_mask_NxL).reshape(6, 4, -1)[0].any(-1))
+      run, rollout, HAPO_REWARDS_BxG, _hapo_examples(), step=0, key=jax.random.key(0),
+      params=None, progress=0.0)
+  injected_BxG = np.zeros((7, 4), bool)
+  injected_BxG[1, 1] = injected_BxG[2, 2] = injected_BxG[6, 3] = True
+  tied = np.flatnonzero(np.asarray(new.prefix_mask_NxL).reshape(7, 4, -1)[0].any(-1))
   assert len(tied) == 1
   injected_BxG[0, tied[0]] = True
-  expected_rewards = np.where(injected_BxG, 1.0, rewards_BxG)
-  np.testing.assert_array_equal(new_rewards_BxG, expected_rewards)
-  assert metrics['hapo/gate_open_frac'] == pytest.approx(3 / 6)  # Groups 0, 1, 5.
-  assert metrics['hapo/injected_frac'] == pytest.approx(2 / 6)
-  assert metrics['hapo/teacher_verified_frac'] == pytest.approx(2 / 3)
+  np.testing.assert_array_equal(new_rewards_BxG, np.where(injected_BxG, 1.0, HAPO_REWARDS_BxG))
+  assert metrics['hapo/gate_open_frac'] == pytest.approx(5 / 7)
+  assert metrics['hapo/injected_frac'] == pytest.approx(4 / 7)
+  assert metrics['hapo/teacher_verified_frac'] == pytest.approx(4 / 5)
 
   inj_N = injected_BxG.reshape(-1)
   tokens, mask = np.asarray(new.tokens_NxL), np.asarray(new.mask_NxL)
   for n in np.flatnonzero(inj_N):
-    row = TOK.encode(solutions[n // 4]) + [TOK.eos_id]  # '12' -> 2 chars + eos, in L = 5.
+    row = TOK.encode(HAPO_SOLUTIONS[n // 4]) + [TOK.eos_id]  # '12' -> 2 chars + eos, in L = 5.
     np.testing.assert_array_equal(tokens[n, :3], row)
     np.testing.assert_array_equal(mask[n], [True] * 3 + [False] * 2)
     np.testing.assert_array_equal(np.asarray(new.prefix_mask_NxL)[n], mask[n])  # Marked.
@@ -100,7 +106,23 @@ def test_hapo_puts_the_reference_solution_into_the_lowest_reward_slot_when_the_g
     np.testing.assert_array_equal(np.asarray(getattr(new, field))[~inj_N],
                                   np.asarray(getattr(rollout, field))[~inj_N])
   # The teacher traces were verified (rewards recomputed), the wrong one rejected.
-  assert {it['completion'] for it in run.pool.items} >= {'12', '34', '99'}
+  assert {it['completion'] for it in run.pool.items} >= {'12', '34', '56', '99', '11'}
+
+
+def test_hapo_confidence_gate_is_a_labelled_option():
+  # gate='confidence' [I], α0 = β0 = 1, τ = 0.5, confidence 0.8: open iff
+  # P(p < 0.5 | s, f) = I_0.5(1 + s, 1 + f) >= 0.8 (and f > 0):
+  #   s=0, f=4: 1 - 0.5^5 = 0.96875 open      s=1, f=3: 26/32 = 0.8125 open
+  #   s=2, f=2: 0.5 shut                       s=3, f=1: I_0.5(4, 2) = 6/32 = 0.1875 shut
+  # Open with a solution: groups 0, 1, 5 (3/7); injected 0 and 1.
+  run = fake_run(gate='confidence', threshold=0.5, confidence=0.8)
+  _, new_rewards_BxG, metrics = mixed_policy.hapo_inject(
+      run, random_rollout(7, 4, length=5), HAPO_REWARDS_BxG, _hapo_examples(), step=0,
+      key=jax.random.key(0), params=None, progress=0.0)
+  assert metrics['hapo/gate_open_frac'] == pytest.approx(3 / 7)
+  assert metrics['hapo/injected_frac'] == pytest.approx(2 / 7)
+  np.testing.assert_array_equal(new_rewards_BxG[2:], HAPO_REWARDS_BxG[2:])
+  assert new_rewards_BxG[1, 1] == 1.0 and new_rewards_BxG[0].sum() == 1.0
 
 
 def test_hapo_is_off_after_the_annealing_horizon_and_one_means_probability_one():
@@ -174,3 +196,19 @@ def test_snapshot_step_and_config_checks():
   with pytest.raises(ValueError, match='hapo.teacher_behaviour') as e:
     config_lib.validate(c, num_devices=1)
   assert 'data.schedule' in str(e.value) and 'prefix_rollouts' not in str(e.value)
+
+
+@pytest.mark.parametrize('hapo, match', [
+    ({'gate': 'sampled'}, r"hapo.gate='sampled'; known: \('posterior_mean'"),
+    ({'gate': 'confidence'}, r"hapo.confidence=0.0 must be in \(0, 1\) with hapo.gate="),
+    ({'confidence': 0.8}, "hapo.confidence=0.8 is read only by hapo.gate='confidence'"),
+    ({'anneal_steps': -1}, 'hapo.anneal_steps=-1 must be >= 0'),
+    ({'threshold': 1.5}, r'hapo.threshold=1.5 must be in \[0, 1\]'),
+])
+def test_hapo_config_errors_name_the_field(hapo, match):
+  c = config_lib.default()
+  c.hapo.update({'enabled': True, **hapo})
+  with pytest.raises(ValueError, match=match):
+    config_lib.validate(c, num_devices=1)
+  c.hapo.update(config_lib.default().hapo.to_dict(), enabled=True)
+  config_lib.validate(c, num_devices=1)  # The defaults (v1's gate) are valid.

@@ -221,31 +221,50 @@ def hapo_gate_probability(successes_B: Array, failures_B: Array, *, threshold: A
   return jnp.where(jnp.asarray(failures_B) > 0, beta_cdf(threshold, a_B, b_B), 0.0)
 
 
+HAPO_GATES = ('posterior_mean', 'thompson', 'confidence')
+
+
 def hapo_gate(successes_B: Array, failures_B: Array, *, threshold: Array | float,
-              key: Array | None = None, confidence: float | None = None, alpha0: float = 1.0,
-              beta0: float = 1.0, require_all_fail: bool = False) -> Array:
+              gate: str = 'posterior_mean', key: Array | None = None,
+              confidence: float | None = None, alpha0: float = 1.0, beta0: float = 1.0,
+              require_all_fail: bool = False) -> Array:
   """HAPO's Beta-Binomial confidence gate for teacher injection (arXiv 2603.11321).
 
-  Thompson form (pass `key`): draw p̃ ~ Beta(α0 + s, β0 + f) per prompt, open iff p̃ < τ.
-  Sampled by inversion, p̃ = F⁻¹(u) with u ~ U(0, 1), so the event p̃ < τ is u < F(τ): the
-  same decision in distribution, without a gamma sampler (slow to compile) or a quantile.
-  Confidence form (pass `confidence`): open iff P(p < τ | s, f) >= confidence, i.e. iff the
-  `confidence`-quantile of the posterior is below τ. Either way a group without a failure
-  never opens (the teacher anchors only on failure), and with `require_all_fail` only
-  all-fail groups do. τ comes from `hapo_threshold`; τ = 0 never opens.
-  Provenance: our formalisation (paper not available).
+  gate='posterior_mean' (v1, the default): open iff the posterior mean of the group's success
+    probability is below γ = `threshold`: (α0 + s) / (α0 + β0 + s + f) < γ, i.e. with the
+    Beta(1, 1) prior (1 + S) / (N + 2) < γ. With γ = 0.8 and N = 8 it opens for S <= 6, so
+    mixed groups get a teacher too, not only all-fail ones. Deterministic: no key.
+  gate='thompson' [I, v2]: draw p̃ ~ Beta(α0 + s, β0 + f) per prompt (pass `key`), open iff
+    p̃ < τ. Sampled by inversion, p̃ = F⁻¹(u) with u ~ U(0, 1), so the event p̃ < τ is
+    u < F(τ): the same decision in distribution, without a gamma sampler or a quantile.
+  gate='confidence' [I]: open iff P(p < τ | s, f) >= `confidence`, i.e. iff the
+    `confidence`-quantile of the posterior is below τ.
+  Every form stays shut for a group without a failure (there is nothing to replace: our
+  rule, which v1's gate only needs for N <= 2, e.g. N = 2, S = 2 gives 3/4 < 0.8), and with
+  `require_all_fail` only all-fail groups open. τ may come from `hapo_threshold`.
+  Provenance: 'posterior_mean' as v1 is described by a third-party reading of
+  2603.11321v1 §3.2 (algorithms.md §12); 'thompson' and 'confidence' are our formalisation
+  of v2's abstract (paper not available).
 
   Returns:
     open_B (bool).
   """
-  if (key is None) == (confidence is None):
-    raise ValueError('hapo_gate: pass exactly one of key (Thompson gate) or confidence.')
+  if gate not in HAPO_GATES:
+    raise ValueError(f'hapo_gate: gate={gate!r}; known: {HAPO_GATES}.')
+  if (key is not None) != (gate == 'thompson'):
+    raise ValueError(f"hapo_gate: gate='thompson' needs key, and only it takes one (gate={gate!r}).")
+  if (confidence is not None) != (gate == 'confidence'):
+    raise ValueError(f"hapo_gate: gate='confidence' needs confidence, and only it takes one "
+                     f'(gate={gate!r}).')
   a_B, b_B = beta_posterior(successes_B, failures_B, alpha0=alpha0, beta0=beta0)
-  cdf_B = beta_cdf(threshold, a_B, b_B)
-  if key is not None:
-    open_B = jax.random.uniform(key, cdf_B.shape) < cdf_B
+  if gate == 'posterior_mean':
+    open_B = beta_mean(a_B, b_B) < threshold
   else:
-    open_B = cdf_B >= confidence
+    cdf_B = beta_cdf(threshold, a_B, b_B)
+    if gate == 'thompson':
+      open_B = jax.random.uniform(key, cdf_B.shape) < cdf_B
+    else:
+      open_B = cdf_B >= confidence
   open_B &= jnp.asarray(failures_B) > 0
   if require_all_fail:
     open_B &= jnp.asarray(successes_B) == 0
@@ -253,12 +272,15 @@ def hapo_gate(successes_B: Array, failures_B: Array, *, threshold: Array | float
 
 
 def hapo_threshold(step: Array | int, *, initial: float, anneal_steps: int) -> Array:
-  """HAPO's gate threshold, annealed to zero in finite time (arXiv 2603.11321).
+  """HAPO's gate threshold: fixed (v1, anneal_steps = 0) or annealed to zero [I, v2].
 
-  τ_t = τ_0 max(0, 1 - t / T_a): from step T_a on the gate never opens and training is purely
-  on-policy. Linear is our choice; the paper's "adaptive" schedule is not known.
-  Provenance: our formalisation (paper not available).
+  anneal_steps = 0: τ_t = τ_0 (v1's fixed γ). anneal_steps = T_a > 0:
+  τ_t = τ_0 max(0, 1 - t / T_a), so from step T_a on the gate never opens and training is
+  purely on-policy. Linear is our choice; v2's "adaptive threshold annealing" is not known.
+  Provenance: v1's fixed γ per algorithms.md §12; the annealed form is our formalisation.
   """
+  if not anneal_steps:
+    return jnp.asarray(initial, jnp.float32)
   return initial * jnp.clip(1.0 - jnp.asarray(step, jnp.float32) / anneal_steps, 0.0, 1.0)
 
 

@@ -2,14 +2,19 @@
 
 Group estimators take `rewards_BxG` (B prompts x G samples; a Rollout's row n = b*G + g
 belongs to prompt b) and return `advantages_BxG`, one scalar per response that the caller
-broadcasts over its tokens. Token-level estimators (OTB, GAE) take `_NxL` arrays and return
-`_NxL` advantages that are zero wherever the mask is. Everything is a pure, jittable function
-with keyword-only options, and its output is wrapped in `stop_gradient`.
+broadcasts over its tokens. Token-level estimators (OTB, GAE, REINFORCE++) live in
+token_advantages.py and are re-exported here with the registry. Everything is a pure,
+jittable function with keyword-only options, and its output is wrapped in `stop_gradient`.
 
-Two conventions are pinned here, because libraries differ on them (algorithms.md §22.2):
+Three conventions are pinned here, because libraries differ on them (algorithms.md §22.2):
   * a singleton group (G = 1) has no baseline, so A = R (verl's convention);
   * a group whose rewards are all equal gets exactly A = 0, whatever `eps` is (a float mean
-    of equal numbers need not equal them, and dividing that residue by eps would not be 0).
+    of equal numbers need not equal them, and dividing that residue by eps would not be 0);
+  * a NaN reward (a verifier that abstained) is an error naming its rows (`check_rewards`),
+    raised by every group estimator called on concrete arrays and by the loop before any
+    estimator; under jit nothing can raise, and NaN spreads to its group. `grpo`/`dr_grpo`
+    with nan_rewards='ignore' instead leave those rows out of the statistics and give them
+    A = 0 (TRL's handling of unscorable completions).
 
 Deliberately not here: token statistics (log-probs, Σπ²), policy losses, KL and loss
 aggregation (losses.py); transforms applied to the output of an estimator (F-GRPO, A-GRAE,
@@ -21,8 +26,43 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from rlreason.objectives.token_advantages import gae
+from rlreason.objectives.token_advantages import otb
+from rlreason.objectives.token_advantages import otb_token_energy  # noqa: F401 (re-exported)
+from rlreason.objectives.token_advantages import outcome_token_rewards  # noqa: F401
+from rlreason.objectives.token_advantages import reinforce_pp
+from rlreason.objectives.token_advantages import reward_to_go  # noqa: F401
+from rlreason.objectives.token_advantages import masked_whiten
 
 Array = jax.Array
+NAN_REWARDS = ('error', 'ignore')
+GRPO_SCALES = ('group', 'batch', 'none')
+
+
+def check_rewards(rewards_BxG, *, hint: str = "pass nan_rewards='ignore' to grpo/dr_grpo") -> None:
+  """Raises ValueError naming the rows (n = b*G + g) whose reward is NaN; host-side only."""
+  rewards_BxG = np.asarray(rewards_BxG, np.float32)
+  bad_BxG = np.isnan(rewards_BxG)
+  if not bad_BxG.any():
+    return
+  g = rewards_BxG.shape[-1]
+  rows = [int(n) for n in np.flatnonzero(bad_BxG)]
+  where = ', '.join(f'{n} (prompt {n // g}, sample {n % g})' for n in rows[:16])
+  more = f' and {len(rows) - 16} more' if len(rows) > 16 else ''
+  raise ValueError(f'NaN rewards (a verifier abstained?) at rows {where}{more}; their whole '
+                   f'group would get NaN advantages. Fix the reward, or {hint} to give those '
+                   'rows advantage 0 and leave them out of the group statistics.')
+
+
+def _checked(rewards_BxG, nan_rewards: str) -> Array:
+  """rewards as fp32; NaN rejected (when the values are concrete) unless nan_rewards='ignore'."""
+  if nan_rewards not in NAN_REWARDS:
+    raise ValueError(f'nan_rewards={nan_rewards!r}; known: {NAN_REWARDS}.')
+  if nan_rewards == 'error' and not isinstance(rewards_BxG, jax.core.Tracer):
+    check_rewards(rewards_BxG)
+  return jnp.asarray(rewards_BxG, jnp.float32)
 
 
 def _constant_groups_Bx1(rewards_BxG: Array) -> Array:
@@ -37,58 +77,77 @@ def _centre_BxG(rewards_BxG: Array) -> Array:
   return jnp.where(_constant_groups_Bx1(rewards_BxG), 0.0, centred_BxG)
 
 
-def _whiten(x: Array, weights: Array, *, ddof: int, eps: float) -> Array:
-  """(x - m) / sqrt(v + eps) with weighted mean m and variance v over all elements.
+def grpo(rewards_BxG: Array, *, scale: str = 'group', std_ddof: int = 1, eps: float = 1e-6,
+         nan_rewards: str = 'error') -> Array:
+  """GRPO's group-relative advantage (DeepSeekMath, arXiv 2402.03300) and TRL's scalings.
 
-  Weights are frequency weights (counts), so the Bessel-corrected denominator is Σw - ddof;
-  it is clamped at 1 because with at most one effective sample every deviation is 0 anyway.
-  Zero-weight elements come back as 0.
-  """
-  total = jnp.sum(weights)
-  mean = jnp.sum(weights * x) / jnp.maximum(total, 1e-30)
-  dev = x - mean
-  var = jnp.sum(weights * dev**2) / jnp.maximum(total - ddof, 1.0)
-  return jnp.where(weights > 0, dev * jax.lax.rsqrt(var + eps), 0.0)
-
-
-def grpo(rewards_BxG: Array, *, scale_by_std: bool = True, std_ddof: int = 1,
-         eps: float = 1e-6) -> Array:
-  """GRPO's group-relative advantage (DeepSeekMath, arXiv 2402.03300).
-
-  A_i = (R_i - mean_j R_j) / (std_j R_j + eps), std over the G samples of the prompt with
-  `std_ddof` degrees of freedom removed; with `scale_by_std=False`, A_i = R_i - mean_j R_j.
-  Provenance: paper formula. The defaults (unbiased std, eps = 1e-6) are verl's; TRL uses
-  eps = 1e-4 and oat 1e-8, and std_ddof=0 gives the population std (x sqrt((G-1)/G)).
+  A_i = (R_i - mean_j R_j) / (σ + eps), the mean over the prompt's G samples, and σ:
+    scale='group': the std of the prompt's G rewards (the paper; verl; TRL's default);
+    scale='batch': the std of all B·G rewards of the batch (TRL's scale_rewards='batch', PPO
+                   Lite arXiv 2508.08221), still centred per group; under jit on a sharded
+                   batch the std is over the global batch;
+    scale='none':  no division (Dr. GRPO).
+  `std_ddof` degrees of freedom are removed from the std (1: Bessel, verl and TRL; 0: the
+  population std, x sqrt((G-1)/G)). eps is verl's 1e-6; TRL uses 1e-4, oat 1e-8.
+  nan_rewards='ignore' (TRL): NaN rewards are left out of the mean, the std and the counts,
+  and their rows get A = 0; a group with at most one valid reward gets A = 0 everywhere.
+  Provenance: paper formula ('group'); as in the reference code of huggingface/trl
+  (`GRPOTrainer._generate_and_score_completions`: nanmean/nanstd, scale_rewards, then
+  nan_to_num on the advantages) for 'batch' and nan_rewards='ignore'.
 
   Args:
     rewards_BxG: outcome reward of each response.
-    scale_by_std: divide by the group std (False is Dr. GRPO's advantage).
+    scale: 'group', 'batch' or 'none', as above.
     std_ddof: 1 for the unbiased (Bessel) std, 0 for the population std.
     eps: added to the std before dividing.
+    nan_rewards: 'error' (NaN rewards raise, naming their rows) or 'ignore' (as above).
 
   Returns:
     advantages_BxG; 0 in all-equal groups, R for G = 1.
   """
-  rewards_BxG = jnp.asarray(rewards_BxG, jnp.float32)
+  if scale not in GRPO_SCALES:
+    raise ValueError(f'grpo: scale={scale!r}; known: {GRPO_SCALES}.')
+  rewards_BxG = _checked(rewards_BxG, nan_rewards)
   g = rewards_BxG.shape[-1]
   if g > 1 and not 0 <= std_ddof < g:
     raise ValueError(f'grpo: std_ddof={std_ddof} needs 0 <= std_ddof < G={g}.')
-  centred_BxG = _centre_BxG(rewards_BxG)
-  if scale_by_std and g > 1:
-    std_Bx1 = jnp.sqrt(jnp.sum(centred_BxG**2, -1, keepdims=True) / (g - std_ddof))
-    # All-equal groups are already exactly 0; dividing them by 1 keeps eps=0 NaN-free.
-    centred_BxG = centred_BxG / jnp.where(_constant_groups_Bx1(rewards_BxG), 1.0, std_Bx1 + eps)
+  if nan_rewards == 'ignore':
+    valid_BxG = ~jnp.isnan(rewards_BxG)
+    rewards_BxG = jnp.where(valid_BxG, rewards_BxG, 0.0)
+  else:
+    valid_BxG = jnp.ones(rewards_BxG.shape, bool)
+  if g == 1:
+    return jax.lax.stop_gradient(jnp.where(valid_BxG, rewards_BxG, 0.0))
+  count_Bx1 = jnp.sum(valid_BxG, -1, keepdims=True)
+  mean_Bx1 = jnp.sum(rewards_BxG, -1, keepdims=True) / jnp.maximum(count_Bx1, 1)
+  top_Bx1 = jnp.max(jnp.where(valid_BxG, rewards_BxG, -jnp.inf), -1, keepdims=True)
+  bottom_Bx1 = jnp.min(jnp.where(valid_BxG, rewards_BxG, jnp.inf), -1, keepdims=True)
+  flat_Bx1 = (top_Bx1 == bottom_Bx1) | (count_Bx1 <= 1)
+  centred_BxG = jnp.where(valid_BxG & ~flat_Bx1, rewards_BxG - mean_Bx1, 0.0)
+  if scale == 'group':
+    sq_Bx1 = jnp.sum(centred_BxG**2, -1, keepdims=True)
+    std_Bx1 = jnp.sqrt(sq_Bx1 / jnp.maximum(count_Bx1 - std_ddof, 1))
+    # Flat groups are already exactly 0; dividing them by 1 keeps eps=0 NaN-free.
+    centred_BxG = centred_BxG / jnp.where(flat_Bx1, 1.0, std_Bx1 + eps)
+  elif scale == 'batch':
+    total = jnp.sum(valid_BxG)
+    batch_mean = jnp.sum(rewards_BxG) / jnp.maximum(total, 1)
+    dev_BxG = jnp.where(valid_BxG, rewards_BxG - batch_mean, 0.0)
+    std = jnp.sqrt(jnp.sum(dev_BxG**2) / jnp.maximum(total - std_ddof, 1))
+    # A non-zero centred value implies std > 0; the guard only keeps eps=0 NaN-free.
+    centred_BxG = centred_BxG / jnp.where(std + eps > 0, std + eps, 1.0)
   return jax.lax.stop_gradient(centred_BxG)
 
 
-def dr_grpo(rewards_BxG: Array) -> Array:
+def dr_grpo(rewards_BxG: Array, *, nan_rewards: str = 'error') -> Array:
   """Dr. GRPO's mean-centred advantage (arXiv 2503.20783).
 
   A_i = R_i - mean_j R_j: no std division, so prompts are not re-weighted by difficulty
-  (the length bias is the loss side's constant normaliser, in losses.py).
+  (the length bias is the loss side's constant normaliser, in losses.py); TRL's
+  scale_rewards='none'. nan_rewards as in `grpo`.
   Provenance: paper formula.
   """
-  return grpo(rewards_BxG, scale_by_std=False)
+  return grpo(rewards_BxG, scale='none', nan_rewards=nan_rewards)
 
 
 def rloo(rewards_BxG: Array) -> Array:
@@ -98,7 +157,7 @@ def rloo(rewards_BxG: Array) -> Array:
   Provenance: as in the reference code of volcengine/verl (`compute_rloo_outcome_advantage`,
   loop version: a singleton keeps A = R; verl's vectorised version returns 0 there instead).
   """
-  rewards_BxG = jnp.asarray(rewards_BxG, jnp.float32)
+  rewards_BxG = _checked(rewards_BxG, 'error')
   g = rewards_BxG.shape[-1]
   scale = g / (g - 1) if g > 1 else 1.0
   return jax.lax.stop_gradient(scale * _centre_BxG(rewards_BxG))
@@ -123,11 +182,11 @@ def reinforce_pp_baseline(rewards_BxG: Array, *, weights_BxG: Array | None = Non
     std_ddof: Bessel correction of the batch variance (verl: 1, in units of the weights).
     eps: added to the variance inside the square root (verl's masked_whiten).
   """
-  rewards_BxG = jnp.asarray(rewards_BxG, jnp.float32)
+  rewards_BxG = _checked(rewards_BxG, 'error')
   weights_BxG = (jnp.ones_like(rewards_BxG) if weights_BxG is None
                  else jnp.asarray(weights_BxG, jnp.float32))
   centred_BxG = _centre_BxG(rewards_BxG)
-  return jax.lax.stop_gradient(_whiten(centred_BxG, weights_BxG, ddof=std_ddof, eps=eps))
+  return jax.lax.stop_gradient(masked_whiten(centred_BxG, weights_BxG, ddof=std_ddof, eps=eps))
 
 
 def r2po_rarity(rewards_BxG: Array, *, std_ddof: int = 1, eps: float = 1e-6) -> Array:
@@ -140,178 +199,76 @@ def r2po_rarity(rewards_BxG: Array, *, std_ddof: int = 1, eps: float = 1e-6) -> 
   Provenance: as in the reference code of RRPO-ARR/Code (`reward_rarity` in
   simple_grpo_v1/rollout_head_train.py; torch's unbiased std, eps = 1e-6).
   """
-  rewards_BxG = jnp.asarray(rewards_BxG, jnp.float32)
+  rewards_BxG = _checked(rewards_BxG, 'error')
   if rewards_BxG.shape[-1] == 1:
     return jnp.zeros_like(rewards_BxG)  # One sample is never rarer than itself.
   counts_BxG = jnp.sum(rewards_BxG[:, :, None] == rewards_BxG[:, None, :], -1)
   return grpo(1.0 / counts_BxG, std_ddof=std_ddof, eps=eps)
 
 
-def outcome_token_rewards(rewards_N: Array, mask_NxL: Array) -> Array:
-  """Puts each response's scalar reward on its last valid token (the input OTB and GAE take).
+def opo(rewards_BxG: Array, *, lengths_BxG: Array) -> Array:
+  """OPO's length-weighted optimal baseline (On-Policy RL with Optimal reward baseline, arXiv 2505.23585).
 
-  Rows without a valid token get no reward.
-  """
-  mask_NxL = jnp.asarray(mask_NxL) > 0
-  length = mask_NxL.shape[-1]
-  last_N = length - 1 - jnp.argmax(mask_NxL[:, ::-1], axis=-1)
-  last_NxL = jnp.arange(length)[None, :] == last_N[:, None]
-  rewards_Nx1 = jnp.asarray(rewards_N, jnp.float32)[:, None]
-  return jnp.where(last_NxL & jnp.any(mask_NxL, -1, keepdims=True), rewards_Nx1, 0.0)
-
-
-def otb_token_energy(logprobs_NxL: Array, sum_pi_sq_NxL: Array) -> Array:
-  """OTB's logit-gradient proxy w = 1 - 2π(a) + Σ_v π(v)^2 (arXiv 2602.07078).
-
-  It equals ||∂ log π(a) / ∂z||^2 = ||e_a - π||^2 exactly, for logits z. π(a) =
-  exp(logprobs_NxL) is the probability of the sampled token; Σπ² comes from the logits
-  (losses.py). Provenance: as in the reference code of volcengine/verl.
-  """
-  pi_NxL = jnp.exp(jnp.asarray(logprobs_NxL, jnp.float32))
-  return 1.0 - 2.0 * pi_NxL + jnp.asarray(sum_pi_sq_NxL, jnp.float32)
-
-
-def _compact_NxL(x_NxL: Array, slot_NxL: Array) -> Array:
-  """Moves each row's valid entries to the front, in order (slot = valid-token index, or L)."""
-  rows_Nx1 = jnp.arange(x_NxL.shape[0])[:, None]
-  return jnp.zeros_like(x_NxL).at[rows_Nx1, slot_NxL].set(x_NxL, mode='drop')
-
-
-def _otb_baseline(returns_NxL, energy_cum_NxL, mask_NxL, members_N, *, group_size, zero_tail,
-                  eps):
-  n, length = returns_NxL.shape
-  shape = (n // group_size, group_size, length)
-  ret_BxGxL, w_BxGxL, m_BxGxL = (a.reshape(shape) for a in (returns_NxL, energy_cum_NxL, mask_NxL))
-  num_BxL = jnp.sum(ret_BxGxL * w_BxGxL * m_BxGxL, 1)
-  den_BxL = jnp.sum(w_BxGxL * m_BxGxL, 1) + eps
-  base_BxGxL = jnp.broadcast_to((num_BxL / den_BxL)[:, None, :], shape)
-  if zero_tail and group_size > 1:
-    # Where only the (strictly) longest response is still active, the baseline would be its
-    # own return and its advantage 0; the flag zeroes the baseline there instead.
-    len_BxG = jnp.sum(m_BxGxL, -1)
-    top2_Bx2 = jax.lax.top_k(len_BxG, 2)[0]
-    longest_Bx1, second_Bx1 = top2_Bx2[:, :1], top2_Bx2[:, 1:]
-    tail_BxGxL = ((len_BxG == longest_Bx1) & (longest_Bx1 > second_Bx1))[..., None] & (
-        jnp.arange(length)[None, None, :] >= second_Bx1[..., None])
-    base_BxGxL = jnp.where(tail_BxGxL, 0.0, base_BxGxL)
-  # A lone member of its group has no baseline (verl: "advantage = return").
-  lone_Bx1x1 = (jnp.sum(members_N.reshape(shape[:2]), -1) == 1)[:, None, None]
-  base_BxGxL = jnp.where(lone_Bx1x1, 0.0, base_BxGxL)
-  return ((ret_BxGxL - base_BxGxL) * m_BxGxL).reshape(n, length)
-
-
-def otb(token_rewards_NxL: Array, logprobs_NxL: Array, sum_pi_sq_NxL: Array, mask_NxL: Array, *,
-        group_size: int, zero_tail: bool, multi_turn: bool = False,
-        is_weights_NxL: Array | None = None, eps: float = 1e-8) -> Array:
-  """Optimal Token Baseline (OTB, arXiv 2602.07078): a per-token, energy-weighted baseline.
-
-  With w_{i,t} = (1 - 2π_{i,t} + Σπ²_{i,t}) ρ_{i,t}^2 (ρ = truncated IS weight, 1 if absent),
-  realised energy W_{i,t} = Σ_{j≤t} M_{i,j} w_{i,j} and reward-to-go G_{i,t} = Σ_{j≥t} M r,
-  per group and position:  B_t = Σ_i M_{i,t} G_{i,t} W_{i,t} / (Σ_i M_{i,t} W_{i,t} + eps),
-  A_{i,t} = (G_{i,t} - B_t) M_{i,t}. No std normalisation; a group of one gets A = G.
-  Provenance: as in the reference code of volcengine/verl
-  (`compute_optimal_token_baseline_advantage` and its multi-turn twin). The paper's possible
-  extra 1/W weighting of the update (algorithms.md §8, reading 2) is not applied.
+  A_i = R_i - b with b = Σ_j L_j R_j / Σ_j L_j over the prompt's G responses (L = response
+  length in tokens); a singleton group has b = 0 (A = R). No std division. A group whose
+  responses are all empty (Σ L = 0) uses the plain mean, where verl would divide 0 by 0 (ours).
+  Provenance: as in the reference code of volcengine/verl (`compute_opo_outcome_advantage`).
 
   Args:
-    token_rewards_NxL: per-token rewards (outcome rewards: `outcome_token_rewards`).
-    logprobs_NxL: log-prob of each sampled token under the behaviour policy (lp_old).
-    sum_pi_sq_NxL: Σ_v π(v)^2 at each position, from the same logits.
-    mask_NxL: 1 on the tokens trained on (model tokens), 0 on padding and tool output.
-    group_size: G; rows are prompt-major, N = B*G.
-    zero_tail: where only the strictly longest response of a group is still active, set the
-      baseline to 0 (A = its return) instead of its own return (A = 0). verl's default has
-      varied between versions, hence no default here.
-    multi_turn: align responses by valid-token index (each row's valid tokens compacted to
-      the front, as verl's multi-turn/TIR variant) instead of by absolute position; responses
-      with no valid token then do not count as group members.
-    is_weights_NxL: truncated rollout importance weights ρ̄, which enter squared.
-    eps: added to the baseline's denominator.
-
-  Returns:
-    advantages_NxL, zero where mask_NxL is.
+    rewards_BxG: outcome reward of each response.
+    lengths_BxG: number of trained tokens of each response (the loop passes Σ_t loss_mask).
   """
-  mask_NxL = (jnp.asarray(mask_NxL) > 0).astype(jnp.float32)
-  rewards_NxL = jnp.asarray(token_rewards_NxL, jnp.float32) * mask_NxL
-  returns_NxL = jnp.flip(jnp.cumsum(jnp.flip(rewards_NxL, -1), -1), -1)
-  energy_NxL = otb_token_energy(logprobs_NxL, jnp.asarray(sum_pi_sq_NxL, jnp.float32))
-  if is_weights_NxL is not None:
-    energy_NxL = energy_NxL * jnp.asarray(is_weights_NxL, jnp.float32)**2
-  energy_cum_NxL = jnp.cumsum(energy_NxL * mask_NxL, -1)
-  n, length = mask_NxL.shape
-  if n % group_size:
-    raise ValueError(f'otb: N={n} rows is not a multiple of group_size={group_size}.')
-  kw = dict(group_size=group_size, zero_tail=zero_tail, eps=eps)
-  if not multi_turn:
-    advantages_NxL = _otb_baseline(returns_NxL, energy_cum_NxL, mask_NxL, jnp.ones(n, bool), **kw)
-  else:
-    index_NxL = jnp.cumsum(mask_NxL, -1).astype(jnp.int32) - 1
-    slot_NxL = jnp.where(mask_NxL > 0, index_NxL, length)
-    len_N = jnp.sum(mask_NxL, -1)
-    compact_mask_NxL = (jnp.arange(length)[None, :] < len_N[:, None]).astype(jnp.float32)
-    compact_adv_NxL = _otb_baseline(_compact_NxL(returns_NxL, slot_NxL),
-                                    _compact_NxL(energy_cum_NxL, slot_NxL), compact_mask_NxL,
-                                    len_N > 0, **kw)
-    advantages_NxL = jnp.take_along_axis(compact_adv_NxL, jnp.maximum(index_NxL, 0), -1) * mask_NxL
-  return jax.lax.stop_gradient(advantages_NxL)
+  rewards_BxG = _checked(rewards_BxG, 'error')
+  if rewards_BxG.shape[-1] == 1:
+    return jax.lax.stop_gradient(rewards_BxG)
+  lengths_BxG = jnp.asarray(lengths_BxG, jnp.float32)
+  lengths_BxG = jnp.where(jnp.sum(lengths_BxG, -1, keepdims=True) > 0, lengths_BxG, 1.0)
+  base_Bx1 = (jnp.sum(lengths_BxG * rewards_BxG, -1, keepdims=True)
+              / jnp.sum(lengths_BxG, -1, keepdims=True))
+  adv_BxG = jnp.where(_constant_groups_Bx1(rewards_BxG), 0.0, rewards_BxG - base_Bx1)
+  return jax.lax.stop_gradient(adv_BxG)
 
 
-def gae(token_rewards_NxL: Array, values_NxL: Array, mask_NxL: Array, *, gamma: float = 1.0,
-        lam: float = 1.0, whiten: bool = True, std_ddof: int = 1,
-        eps: float = 1e-8) -> tuple[Array, Array]:
-  """Generalised advantage estimation for a value head (GAE, arXiv 1506.02438).
+def grpo_passk(rewards_BxG: Array, *, scale: str = 'group', std_ddof: int = 1,
+               eps: float = 1e-6) -> Array:
+  """Pass@k advantage: only each group's best response learns, by its margin (arXiv 2503.19595).
 
-  δ_t = r_t + γ V_{t'} - V_t and A_t = δ_t + γλ A_{t'}, where t' is the next valid position
-  (masked positions, e.g. tool output, are skipped: V and A carry over them); returns
-  R_t = A_t + V_t; A is then whitened over the valid tokens of the whole batch.
-  Provenance: as in the reference code of volcengine/verl (`compute_gae_advantage_return`,
-  masked_whiten with unbiased variance and eps inside the square root; defaults γ = λ = 1).
-
-  Args:
-    token_rewards_NxL: per-token rewards (outcome reward on the last valid token, optionally
-      a KL penalty on every token).
-    values_NxL: value-head predictions V_t.
-    mask_NxL: 1 on the tokens trained on, 0 on padding and tool output.
-    gamma: discount γ.
-    lam: GAE λ.
-    whiten: whiten the advantages over the valid tokens of the batch.
-    std_ddof: Bessel correction of the whitening variance.
-    eps: added to that variance inside the square root.
-
-  Returns:
-    (advantages_NxL, returns_NxL), both zero where mask_NxL is; returns are not whitened.
+  The argmax-reward response gets A = (r_max - r_second) / (std_j R_j + eps) (scale='group',
+  unbiased std) or r_max - r_second (scale='none', verl's norm_adv_by_std_in_grpo=False);
+  every other response A = 0. Ties at the top give 0; among tied maxima the first index would
+  be the one (its margin is 0 anyway). Needs G >= 2.
+  Provenance: as in the reference code of volcengine/verl (`compute_grpo_passk_outcome_advantage`).
   """
-  mask_NxL = (jnp.asarray(mask_NxL) > 0).astype(jnp.float32)
-  rewards_NxL = jnp.asarray(token_rewards_NxL, jnp.float32)
-  values_NxL = jnp.asarray(values_NxL, jnp.float32)
-
-  def step(carry, xs):
-    next_value_N, next_adv_N = carry
-    r_N, v_N, m_N = xs
-    adv_N = r_N + gamma * next_value_N - v_N + gamma * lam * next_adv_N
-    valid_N = m_N > 0
-    carry = (jnp.where(valid_N, v_N, next_value_N), jnp.where(valid_N, adv_N, next_adv_N))
-    return carry, carry[1]
-
-  zeros_N = jnp.zeros(mask_NxL.shape[0], jnp.float32)
-  _, adv_LxN = jax.lax.scan(step, (zeros_N, zeros_N), (rewards_NxL.T, values_NxL.T, mask_NxL.T),
-                            reverse=True)
-  adv_NxL = adv_LxN.T * mask_NxL
-  returns_NxL = (adv_NxL + values_NxL) * mask_NxL
-  if whiten:
-    adv_NxL = _whiten(adv_NxL, mask_NxL, ddof=std_ddof, eps=eps)
-  return jax.lax.stop_gradient(adv_NxL), jax.lax.stop_gradient(returns_NxL)
+  if scale not in ('group', 'none'):
+    raise ValueError(f"grpo_passk: scale={scale!r}; known: ('group', 'none').")
+  rewards_BxG = _checked(rewards_BxG, 'error')
+  g = rewards_BxG.shape[-1]
+  if g < 2:
+    raise ValueError(f'grpo_passk needs at least 2 samples per group; got G={g}.')
+  top2_Bx2, index_Bx2 = jax.lax.top_k(rewards_BxG, 2)
+  margin_Bx1 = top2_Bx2[:, :1] - top2_Bx2[:, 1:]
+  if scale == 'group':
+    centred_BxG = rewards_BxG - jnp.mean(rewards_BxG, -1, keepdims=True)
+    std_Bx1 = jnp.sqrt(jnp.sum(centred_BxG**2, -1, keepdims=True) / (g - std_ddof))
+    margin_Bx1 = jnp.where(margin_Bx1 > 0, margin_Bx1 / (std_Bx1 + eps), 0.0)
+  best_BxG = jnp.arange(g)[None, :] == index_Bx2[:, :1]
+  return jax.lax.stop_gradient(jnp.where(best_BxG, margin_Bx1, 0.0))
 
 
 ESTIMATORS: dict[str, Callable[..., Array]] = {
     'grpo': grpo,
     'dr_grpo': dr_grpo,
     'rloo': rloo,
+    'reinforce_pp': reinforce_pp,
     'reinforce_pp_baseline': reinforce_pp_baseline,
     'r2po_rarity': r2po_rarity,
+    'opo': opo,
+    'grpo_passk': grpo_passk,
     'otb': otb,
     'gae': gae,
 }
+# Estimators on per-token rewards (token_advantages.py): the loop gives them NxL inputs.
+TOKEN_LEVEL = ('otb', 'gae', 'reinforce_pp')
 
 
 def get_estimator(name: str) -> Callable[..., Array]:

@@ -2,7 +2,7 @@
 
 With u = lp_ref − lp (log-probs of the sampled token; samples come from the policy):
 
-  k1 = −u          k2 = ½u²          k3 = eᵘ − u − 1          k3_k2grad = k3 value, k2 gradient
+  k1 = −u    k1_abs = |u|    k2 = ½u²    k3 = eᵘ − u − 1    k3_k2grad = k3 value, k2 gradient
 
 E[k1] = E[k3] = KL(π‖π_ref), but the expected *gradients* differ (algorithms.md §0, tested in
 tests/kl_test.py on a 4-way categorical by exact expectation):
@@ -41,6 +41,17 @@ def k1(logprobs_NxL, ref_logprobs_NxL, *, log_ratio_clip: float = 20.0):
   return -_log_ratio(logprobs_NxL, ref_logprobs_NxL, log_ratio_clip)
 
 
+def k1_abs(logprobs_NxL, ref_logprobs_NxL, *, log_ratio_clip: float = 20.0):
+  """|k1| = |lp − lp_ref|; a biased, non-negative penalty (verl's "abs").
+
+  Not an unbiased KL estimate (E|u| ≥ |E u|); its gradient is sign(lp − lp_ref) ∇lp, which
+  pushes lp toward lp_ref token by token with unit weight. u is clamped to ±20 like the
+  others (verl does not clamp "abs"; the values differ only where |u| > 20).
+  Provenance: as in the reference code of volcengine/verl (`kl_penalty_forward`, "abs").
+  """
+  return jnp.abs(_log_ratio(logprobs_NxL, ref_logprobs_NxL, log_ratio_clip))
+
+
 def k2(logprobs_NxL, ref_logprobs_NxL, *, log_ratio_clip: float = 20.0):
   """k2 = ½ (lp − lp_ref)²; its expected gradient is ∇KL(π‖π_ref).
 
@@ -77,6 +88,7 @@ def k3_k2grad(logprobs_NxL, ref_logprobs_NxL, *, log_ratio_clip: float = 20.0,
 
 KL_ESTIMATORS: dict[str, Callable] = {
     'k1': k1,
+    'k1_abs': k1_abs,
     'k2': k2,
     'k3': k3,
     'k3_k2grad': k3_k2grad,

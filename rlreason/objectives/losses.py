@@ -11,7 +11,8 @@ or N (broadcast over tokens; rows prompt-major, N = B·G). The result is a loss 
 per token (0 on masked tokens), the per-token weight the aggregation multiplies by (the mask,
 or a reweighted mask), and a dict of scalar diagnostics. Aggregating is a separate step with a
 global denominator (aggregation.py); a KL penalty is added per token (kl.py); QUATRO lives in
-trust_region.py. `value_loss` is the critic's (PPO with GAE), outside the policy registry.
+trust_region.py, CISPO and SAPO (no hard clip) in soft_losses.py, the shared ratio helpers in
+ratios.py. `value_loss` is the critic's (PPO with GAE), outside the policy registry.
 
 Provenance follows algorithms.md: "paper formula", "as in the reference code of <repo>", or
 "our formalisation (paper not available)" where only abstracts could be read.
@@ -27,35 +28,16 @@ import jax.numpy as jnp
 from rlreason.objectives import trust_region
 from rlreason.objectives.aggregation import masked_mean
 from rlreason.objectives.loss_diagnostics import ratio_metrics
+from rlreason.objectives.ratios import clip_surrogate as _clip_surrogate
+from rlreason.objectives.ratios import clipped_log_ratio as _clipped_log_ratio
+from rlreason.objectives.ratios import dual_clipped
+from rlreason.objectives.ratios import masked as _masked
+from rlreason.objectives.ratios import masked_inputs as _inputs
+from rlreason.objectives.ratios import sequence_log_ratio_N as _seq_log_ratio_N
+from rlreason.objectives.soft_losses import cispo
+from rlreason.objectives.soft_losses import sapo
 
 _sg = jax.lax.stop_gradient
-
-
-def _inputs(logprobs_NxL, old_logprobs_NxL, advantages_NxL, mask_NxL):
-  """Log-probs and NxL advantages (per-sequence values repeated) with masked positions zeroed.
-
-  Padding may hold −inf or NaN; replacing it *before* any arithmetic keeps NaN out of both
-  the loss and its gradient (a `where` after the fact still back-propagates 0·NaN).
-  """
-  valid_NxL = mask_NxL > 0
-  adv_NxL = jnp.broadcast_to(advantages_NxL if advantages_NxL.ndim == 2 else
-                             advantages_NxL[:, None], mask_NxL.shape)
-  return (jnp.where(valid_NxL, logprobs_NxL, 0.0), jnp.where(valid_NxL, old_logprobs_NxL, 0.0),
-          jnp.where(valid_NxL, adv_NxL, 0.0))
-
-
-def _clipped_log_ratio(logprobs_NxL, base_logprobs_NxL, log_ratio_clip):
-  return jnp.clip(logprobs_NxL - base_logprobs_NxL, -log_ratio_clip, log_ratio_clip)
-
-
-def _clip_surrogate(ratio_NxL, adv_NxL, eps_low, eps_high):
-  """−min(r A, clip(r, 1 − ε_low, 1 + ε_high) A); ε may be per-token arrays."""
-  clipped_NxL = jnp.clip(ratio_NxL, 1.0 - eps_low, 1.0 + eps_high)
-  return -jnp.minimum(ratio_NxL * adv_NxL, clipped_NxL * adv_NxL)
-
-
-def _masked(loss_NxL, mask_NxL):
-  return jnp.where(mask_NxL > 0, loss_NxL, 0.0)
 
 
 def ppo_clip(logprobs_NxL, old_logprobs_NxL, advantages_NxL, mask_NxL, *,
@@ -83,72 +65,27 @@ def ppo_clip(logprobs_NxL, old_logprobs_NxL, advantages_NxL, mask_NxL, *,
   logprobs_NxL, old_logprobs_NxL, adv_NxL = _inputs(logprobs_NxL, old_logprobs_NxL,
                                                     advantages_NxL, mask_NxL)
   log_ratio_NxL = _clipped_log_ratio(logprobs_NxL, old_logprobs_NxL, log_ratio_clip)
-  loss_NxL = _clip_surrogate(jnp.exp(log_ratio_NxL), adv_NxL, eps_low, eps_high)
-  if dual_clip is not None:
-    if dual_clip <= 1.0:
-      raise ValueError(f'dual_clip={dual_clip} must exceed 1.')
-    loss_NxL = jnp.where(adv_NxL < 0, jnp.minimum(loss_NxL, -dual_clip * adv_NxL), loss_NxL)
+  loss_NxL = dual_clipped(_clip_surrogate(jnp.exp(log_ratio_NxL), adv_NxL, eps_low, eps_high),
+                         adv_NxL, dual_clip)
   metrics = ratio_metrics(log_ratio_NxL, adv_NxL, mask_NxL, eps_low=eps_low, eps_high=eps_high,
                           dual_clip=dual_clip)
   return _masked(loss_NxL, mask_NxL), mask_NxL, metrics
 
 
-def cispo(logprobs_NxL, old_logprobs_NxL, advantages_NxL, mask_NxL, *, cap: str,
-          eps_low: float = 1.0, eps_high: float | None = None, max_weight: float | None = None,
-          log_ratio_clip: float = 20.0):
-  """CISPO: REINFORCE with a clipped, detached importance weight (arXiv 2506.13585).
-
-  ℓ = −sg(r̂) A lp, gradient −r̂ A ∇lp on every token (never masked). The two conventions for
-  r̂ that share the name "ε_high" elsewhere must be chosen explicitly:
-    cap='relative': r̂ = clip(r, 1 − ε_low, 1 + ε_high)  (the paper's and verl's; ε_low = 1
-                    removes the floor; verl's example ε_high = 0.2 caps at 1.2, F-GRPO's
-                    ε_high = 5 at 6);
-    cap='absolute': r̂ = min(r, max_weight)               (TRL's `epsilon_high`, e.g. 5.0).
-  The loss value is ≈ −A·lp, not a meaningful surrogate; log the weight statistics instead.
-  Provenance: paper formula (MiniMax-M1's CISPO objective, verl's relative parameterisation).
-
-  Returns:
-    (loss_NxL, mask_NxL, metrics).
-  """
-  logprobs_NxL, old_logprobs_NxL, adv_NxL = _inputs(logprobs_NxL, old_logprobs_NxL,
-                                                    advantages_NxL, mask_NxL)
-  log_ratio_NxL = _clipped_log_ratio(logprobs_NxL, old_logprobs_NxL, log_ratio_clip)
-  ratio_NxL = jnp.exp(_sg(log_ratio_NxL))
-  if cap == 'relative':
-    if eps_high is None:
-      raise ValueError("cispo(cap='relative') needs eps_high (cap 1 + eps_high).")
-    low, high = 1.0 - eps_low, 1.0 + eps_high
-  elif cap == 'absolute':
-    if max_weight is None:
-      raise ValueError("cispo(cap='absolute') needs max_weight.")
-    low, high = -jnp.inf, max_weight
-  else:
-    raise ValueError(f"cispo cap={cap!r}; known: 'relative', 'absolute'.")
-  weight_NxL = jnp.clip(ratio_NxL, low, high)
-  loss_NxL = -weight_NxL * adv_NxL * logprobs_NxL
-  metrics = {
-      'ratio/mean': masked_mean(ratio_NxL, mask_NxL),
-      'cispo/weight_mean': masked_mean(weight_NxL, mask_NxL),
-      'cispo/capped_frac_high': masked_mean(ratio_NxL > high, mask_NxL),
-      'cispo/capped_frac_low': masked_mean(ratio_NxL < low, mask_NxL),
-      'approx_kl': masked_mean(-_sg(log_ratio_NxL), mask_NxL),
-  }
-  return _masked(loss_NxL, mask_NxL), mask_NxL, metrics
-
-
-def _seq_log_ratio_N(logprobs_NxL, old_logprobs_NxL, mask_NxL):
-  return masked_mean(logprobs_NxL - old_logprobs_NxL, mask_NxL, axis=-1)
-
-
 def gspo(logprobs_NxL, old_logprobs_NxL, advantages_NxL, mask_NxL, *, eps_low: float = 3e-4,
-         eps_high: float = 4e-4, log_ratio_clip: float = 10.0):
+         eps_high: float = 4e-4, dual_clip: float | None = None, log_ratio_clip: float = 10.0):
   """GSPO: PPO-clip on the length-normalised sequence ratio (arXiv 2507.18071).
 
   s_i = exp((1/|y_i|) Σ_t M (lp − lp_old)); every valid token of sequence i carries
   ℓ = −min(s_i A, clip(s_i, 1 − ε_low, 1 + ε_high) A), so seq_mean_token_mean gives the paper's
   (1/G) Σ_i. Unclipped gradient of sequence i: −s_i A (1/|y_i|) Σ_t ∇lp. log s is capped at
   `log_ratio_clip` (verl: 10). Use with seq_mean_token_mean, as verl forces.
-  Provenance: paper formula (ε = 3e-4 / 4e-4 as the paper reports them, via TRL and verl).
+  dual_clip c on the sequence ratio: ℓ ← min(ℓ, −c A) for A < 0, so a negative-advantage
+  sequence with s_i > c gets no gradient. TRL's `delta` with importance_sampling_level=
+  'sequence' (INTELLECT-2's two-sided clip, min(s, δ) in the unclipped term) is the same
+  loss whenever δ ≥ 1 + ε_high, as TRL recommends.
+  Provenance: paper formula (ε = 3e-4 / 4e-4 as the paper reports them, via TRL and verl);
+  dual clip as ppo_clip's (arXiv 1912.09729), on s_i as TRL applies `delta`.
 
   Returns:
     (loss_NxL, mask_NxL, metrics).
@@ -158,17 +95,20 @@ def gspo(logprobs_NxL, old_logprobs_NxL, advantages_NxL, mask_NxL, *, eps_low: f
   log_s_N = jnp.minimum(_seq_log_ratio_N(logprobs_NxL, old_logprobs_NxL, mask_NxL),
                         log_ratio_clip)
   log_s_NxL = jnp.broadcast_to(log_s_N[:, None], logprobs_NxL.shape)
-  loss_NxL = _clip_surrogate(jnp.exp(log_s_NxL), adv_NxL, eps_low, eps_high)
-  metrics = ratio_metrics(log_s_NxL, adv_NxL, mask_NxL, eps_low=eps_low, eps_high=eps_high)
+  loss_NxL = dual_clipped(_clip_surrogate(jnp.exp(log_s_NxL), adv_NxL, eps_low, eps_high),
+                          adv_NxL, dual_clip)
+  metrics = ratio_metrics(log_s_NxL, adv_NxL, mask_NxL, eps_low=eps_low, eps_high=eps_high,
+                          dual_clip=dual_clip)
   return _masked(loss_NxL, mask_NxL), mask_NxL, metrics
 
 
 def gspo_token(logprobs_NxL, old_logprobs_NxL, advantages_NxL, mask_NxL, *,
-               eps_low: float = 3e-4, eps_high: float = 4e-4, log_ratio_clip: float = 10.0):
+               eps_low: float = 3e-4, eps_high: float = 4e-4, dual_clip: float | None = None,
+               log_ratio_clip: float = 10.0):
   """GSPO-token: s_{i,t} = sg(s_i)·exp(lp − sg(lp)), allowing per-token advantages.
 
   Same value as GSPO; gradient −s_i A_{i,t} ∇lp_{i,t} per unclipped token, so with
-  per-sequence A it equals GSPO's (arXiv 2507.18071).
+  per-sequence A it equals GSPO's (arXiv 2507.18071); dual_clip as in `gspo`.
   Provenance: paper formula (the paper's GSPO-token variant; verl implements GSPO this way).
 
   Returns:
@@ -178,8 +118,10 @@ def gspo_token(logprobs_NxL, old_logprobs_NxL, advantages_NxL, mask_NxL, *,
                                                     advantages_NxL, mask_NxL)
   log_s_N = _sg(_seq_log_ratio_N(logprobs_NxL, old_logprobs_NxL, mask_NxL))
   log_s_NxL = jnp.minimum(log_s_N[:, None] + logprobs_NxL - _sg(logprobs_NxL), log_ratio_clip)
-  loss_NxL = _clip_surrogate(jnp.exp(log_s_NxL), adv_NxL, eps_low, eps_high)
-  metrics = ratio_metrics(log_s_NxL, adv_NxL, mask_NxL, eps_low=eps_low, eps_high=eps_high)
+  loss_NxL = dual_clipped(_clip_surrogate(jnp.exp(log_s_NxL), adv_NxL, eps_low, eps_high),
+                          adv_NxL, dual_clip)
+  metrics = ratio_metrics(log_s_NxL, adv_NxL, mask_NxL, eps_low=eps_low, eps_high=eps_high,
+                          dual_clip=dual_clip)
   return _masked(loss_NxL, mask_NxL), mask_NxL, metrics
 
 
@@ -379,6 +321,7 @@ def value_loss(values_NxL, old_values_NxL, returns_NxL, mask_NxL, *, clip: float
 POLICY_LOSSES: dict[str, Callable] = {
     'ppo_clip': ppo_clip,
     'cispo': cispo,
+    'sapo': sapo,
     'gspo': gspo,
     'gspo_token': gspo_token,
     'quatro': trust_region.quatro,

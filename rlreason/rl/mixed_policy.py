@@ -4,9 +4,10 @@
   prefixes = old_policy_prefixes(run, prompts, key=...)   # then sampler.generate(prefixes=)
   refresh_prefix_policy(run, params, step)                # every prefix_rollouts.refresh_every
 
-HAPO (arXiv 2603.11321, algorithms.md §12): where the Beta-Binomial gate opens for a prompt,
-the group's lowest-reward rollout is replaced by the prompt's reference solution, if the
-verifier accepts it; its reward is the verifier's. The teacher trace's tokens are marked in
+HAPO (arXiv 2603.11321, algorithms.md §12): where the Beta-Binomial gate opens for a prompt
+(v1's default: posterior mean (1 + S)/(N + 2) < γ = 0.8, so mixed groups too), the group's
+lowest-reward rollout is replaced by the prompt's reference solution, if the verifier accepts
+it; its reward is the verifier's. The teacher trace's tokens are marked in
 `prefix_mask_NxL` (given, not sampled) so a mixed-policy loss (`prefix_mixed_ppo`) can treat
 them apart; the learner recomputes their log-probs like any row's. Their behaviour log-probs
 are the learner's own (`teacher_behaviour='learner'`: ratio π_θ/π_old, recorded as NaN here
@@ -122,10 +123,10 @@ def hapo_inject(run, rollout: Rollout, rewards_BxG, examples, *, step: int, key,
   threshold = advantage_transforms.hapo_threshold(step, initial=h.threshold,
                                                   anneal_steps=h.anneal_steps)
   gate_key, tie_key = jax.random.split(key)
-  gate = dict(key=gate_key) if not h.confidence else dict(confidence=h.confidence)
+  gate = {'thompson': dict(key=gate_key), 'confidence': dict(confidence=h.confidence)}
   open_B = np.asarray(advantage_transforms.hapo_gate(
-      successes_B, g - successes_B, threshold=threshold, alpha0=h.alpha0, beta0=h.beta0,
-      require_all_fail=h.require_all_fail, **gate))
+      successes_B, g - successes_B, threshold=threshold, gate=h.gate, alpha0=h.alpha0,
+      beta0=h.beta0, require_all_fail=h.require_all_fail, **gate.get(h.gate, {})))
   open_B = open_B & np.array([bool(ex.solution) for ex in examples])
   metrics = {'hapo/threshold': float(threshold), 'hapo/gate_open_frac': float(open_B.mean()),
              'hapo/injected_frac': 0.0}

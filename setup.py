@@ -38,6 +38,10 @@ EXTRAS_REQUIRE = {
         'pytest-xdist==3.8.0',
         'torch==2.13.0',
         'transformers==5.24.0',
+        # Loads the PEFT adapters adapter_export.save_peft writes (adapter_export_test);
+        # accelerate is its dependency, pinned with it.
+        'peft==0.21.2',
+        'accelerate==1.15.0',
         # Executes colab/ notebooks in the suite.
         'ipykernel==7.4.0',
         'matplotlib==3.11.2',

@@ -69,6 +69,15 @@ def default() -> ml_collections.ConfigDict:
   c.critic = ml_collections.ConfigDict(dict(
       enabled=False, lr=1e-5, warmup_steps=0, coef=1.0, clip=0.5, grad_clip=1.0))
 
+  # LoRA (rl/adapters.py, model/lora.py): train rank-`rank` adapters on the weights matched by
+  # `targets` (fnmatch patterns over 'layers.3.attn.q'-style paths; a bare name matches that
+  # weight in every layer; 'embed' / 'lm_head' too), scaled by alpha / rank, over a frozen
+  # base stored as is, or quantised ('int8' | 'nf4': QLoRA). Only the adapter is trained,
+  # has optimizer state and is checkpointed. dropout must be 0 (model/lora.py says why).
+  c.lora = ml_collections.ConfigDict(dict(
+      enabled=False, rank=16, alpha=32.0, dropout=0.0,
+      targets=('q', 'k', 'v', 'o', 'gate', 'up', 'down'), quantize=''))
+
   # DAPO's overlong shaping: a penalty for completions longer than L_max - cache_len (L_max:
   # the completion length, cache_len 0: L_max // 4) added to every reward. The `overlong`
   # verifier reads the same limits (and each completion's token count) from its items.
@@ -124,7 +133,9 @@ def default() -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict(dict(every=0, num_prompts=500, k=1, temperature=0.0))
   c.checkpoint = ml_collections.ConfigDict(dict(every=0, keep=3))
   # The final policy as a Hugging Face directory (config.json + safetensors); '' skips it.
-  c.export = ml_collections.ConfigDict(dict(path='', dtype=''))  # dtype '': model.param_dtype
+  # With lora.enabled the export is the merged model, and peft_path ('' skips) gets the adapter
+  # in PEFT's format (a quantised base is written dequantised beside it, for peft to load).
+  c.export = ml_collections.ConfigDict(dict(path='', dtype='', peft_path=''))  # dtype '': model's
   c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
   # Sampling on the training mesh, or on per-host weight replicas (multihost.sample_mesh).
   c.sample_mesh = ml_collections.ConfigDict(dict(kind='train', tensor=-1))
@@ -228,6 +239,8 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
   else:
     _check_verifier_items(c, check)
   _check_sandbox(c, check)
+  if c.lora.enabled:
+    _check_lora(c, check)
   if errors:
     raise ValueError('invalid config:\n  ' + '\n  '.join(errors))
 
@@ -294,7 +307,8 @@ def _check_mixed_policy(c, check) -> None:
 # (rl_batch.advantages_for) by name; every other option comes from the config's kwargs.
 _LOOP_LOSS_INPUTS = frozenset({'group_size', 'prefix_mask_NxL', 'behavior_logprobs_NxL',
                                'behaviour_logprobs_NxL', 'turn_ids_NxL', 'num_turns'})
-_LOOP_ESTIMATOR_INPUTS = {'otb': frozenset({'group_size'}), 'gae': frozenset()}
+_LOOP_ESTIMATOR_INPUTS = {'otb': frozenset({'group_size'}), 'gae': frozenset(),
+                          'opo': frozenset({'lengths_BxG'})}
 
 
 def _options_of(fn, *, given, supplied, what, check) -> None:
@@ -308,6 +322,23 @@ def _options_of(fn, *, given, supplied, what, check) -> None:
   for k in sorted(keyword - supplied - set(given)):
     check(params[k].default is not params[k].empty, f'{what} lacks {k!r}, which '
                                                     f'{fn.__name__} needs.')
+
+
+def _check_option_values(what, options, check, *, passk=False) -> None:
+  """Named choices and ranges of estimator and loss options, checked before anything runs."""
+  from rlreason.objectives import advantages
+  from rlreason.objectives import soft_losses
+  choices = {'scale': ('group', 'none') if passk else advantages.GRPO_SCALES,
+             'nan_rewards': advantages.NAN_REWARDS, 'level': soft_losses.LEVELS,
+             'cap': ('relative', 'absolute')}
+  for key, known in choices.items():
+    if key in options:
+      check(options[key] in known, f'{what}.{key}={options[key]!r}; known: {known}.')
+  if options.get('dual_clip') is not None:
+    check(options['dual_clip'] > 1, f"{what}.dual_clip={options['dual_clip']} must be > 1.")
+  for key in ('tau_pos', 'tau_neg'):
+    if key in options:
+      check(options[key] > 0, f'{what}.{key}={options[key]} must be > 0.')
 
 
 def _check_objective(c, check) -> None:
@@ -326,11 +357,18 @@ def _check_objective(c, check) -> None:
       check('delta' in o.loss_kwargs and 'lam_B' not in o.loss_kwargs,
             "objective.policy_loss='quatro' needs objective.loss_kwargs.delta (the closed-form "
             'dual); lam_B (dual ascent) needs per-prompt state the loop does not keep.')
+  if loss is not None:
+    _check_option_values('objective.loss_kwargs', dict(o.loss_kwargs), check)
   estimator = advantages.ESTIMATORS.get(o.advantage)
   if estimator is not None:
     _options_of(estimator, given=dict(o.advantage_kwargs),
                 supplied=_LOOP_ESTIMATOR_INPUTS.get(o.advantage, frozenset()) | {'zero_tail'},
                 what='objective.advantage_kwargs', check=check)
+    _check_option_values('objective.advantage_kwargs', dict(o.advantage_kwargs), check,
+                         passk=o.advantage == 'grpo_passk')
+  check(dict(o.advantage_kwargs).get('nan_rewards') != 'ignore' or not o.transforms,
+        "objective.advantage_kwargs.nan_rewards='ignore' cannot be combined with "
+        f'objective.transforms={tuple(o.transforms)}: they read the raw rewards, NaN included.')
   check(o.advantage != 'gae' or critic.enabled,
         "objective.advantage='gae' needs the values V_t of a critic: set critic.enabled=True "
         '(a value head on the policy, trained with the clipped value loss).')
@@ -417,6 +455,24 @@ def _check_env(c, check) -> None:
     check(not c[section].enabled, f'{section}.enabled does not apply to env episodes (their '
                                   'rows are conversations, not single completions).')
   check(not c.overlong.enabled, 'overlong.enabled does not apply to env episodes.')
+
+
+def _check_lora(c, check) -> None:
+  """What can be checked before the model is known; model/lora.check does the rest (targets
+  that match nothing, a rank above a layer's) when the run is built."""
+  from rlreason.model import lora
+  lc = c.lora
+  check(isinstance(lc.rank, int) and lc.rank > 0, f'lora.rank={lc.rank!r} must be an integer > 0.')
+  check(lc.alpha > 0, f'lora.alpha={lc.alpha} must be > 0.')
+  check(lc.dropout == 0, f'lora.dropout={lc.dropout}: only 0 is supported (the adapter is merged '
+                         'into the weights; model/lora.py says why).')
+  check(lc.quantize in lora.QUANTIZE_MODES,
+        f'lora.quantize={lc.quantize!r}; known: {list(lora.QUANTIZE_MODES)}.')
+  check(bool(lc.targets), 'lora.targets is empty; e.g. ("q", "k", "v", "o").')
+  check(not c.prefix_rollouts.enabled, 'prefix_rollouts.enabled is not supported with LoRA yet '
+                                       '(its snapshots are full params).')
+  check(not c.export.peft_path or bool(c.export.path),
+        f'export.peft_path={c.export.peft_path!r} needs export.path (the merged model) too.')
 
 
 def _check_verifier_items(c, check) -> None:

@@ -7,6 +7,8 @@ case builds its Run (so its own objective's train step) and runs `train.rl_step`
 fresh state (no warm start, evaluation or checkpoint: those are train_test.py's).
 """
 
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,6 +17,7 @@ import pytest
 from rlreason import config as config_lib
 from rlreason.objectives import advantage_transforms
 from rlreason.objectives import advantages
+from rlreason.objectives import kl
 from rlreason.objectives import losses
 from rlreason.rl import run_setup
 from rlreason.rl import train
@@ -58,6 +61,8 @@ def one_step(c, workdir, pool, monkeypatch):
   run = run_setup.build(c, workdir)
   try:
     state = run._fresh_state()
+    if c.objective.kl_coef:  # run.save(0) would set it; the step-0 policy is the reference.
+      run.ref_params = jax.tree.map(jnp.copy, state.params)
     with jax.set_mesh(run.mesh):
       state, metrics = train.rl_step(run, state, 1, {})
   finally:
@@ -72,13 +77,37 @@ def one_step(c, workdir, pool, monkeypatch):
 # tables cover the registries exactly, so a new name must say here how it runs.
 ESTIMATOR_CASES = {
     'grpo': {}, 'dr_grpo': {}, 'rloo': {}, 'reinforce_pp_baseline': {}, 'r2po_rarity': {},
-    'otb': {}, 'gae': {'critic.enabled': True},
+    'otb': {}, 'gae': {'critic.enabled': True}, 'opo': {}, 'grpo_passk': {}, 'reinforce_pp': {},
 }
 LOSS_CASES = {
     'ppo_clip': {}, 'gspo': {'objective.aggregation': 'seq_mean_token_mean'}, 'gspo_token': {},
     'cispo': {'objective.loss_kwargs': {'cap': 'relative', 'eps_high': 0.2}},
     'quatro': {'objective.loss_kwargs': {'delta': 0.1}},
-    'sorl': {}, 'prefix_mixed_ppo': {},
+    'sorl': {}, 'prefix_mixed_ppo': {}, 'sapo': {'objective.aggregation': 'seq_mean_token_mean'},
+}
+# Options that select a different formula inside a registered name (the peer options of
+# README's table), and every KL estimator, each run for one step.
+OPTION_CASES = {
+    'grpo_scale_batch': {'objective.advantage_kwargs': {'scale': 'batch', 'eps': 1e-4}},
+    'grpo_scale_none': {'objective.advantage_kwargs': {'scale': 'none'}},
+    'grpo_nan_ignore': {'objective.advantage_kwargs': {'nan_rewards': 'ignore'}},
+    'dr_grpo_nan_ignore': {'objective.advantage': 'dr_grpo',
+                           'objective.advantage_kwargs': {'nan_rewards': 'ignore'}},
+    'grpo_passk_unscaled': {'objective.advantage': 'grpo_passk',
+                            'objective.advantage_kwargs': {'scale': 'none'}},
+    'reinforce_pp_gamma': {'objective.advantage': 'reinforce_pp',
+                           'objective.advantage_kwargs': {'gamma': 0.9}},
+    'otb_zero_tail': {'objective.advantage': 'otb', 'objective.advantage_kwargs': {'zero_tail': True}},
+    'cispo_sequence': {'objective.policy_loss': 'cispo', 'objective.loss_kwargs': {
+        'cap': 'absolute', 'max_weight': 5.0, 'level': 'sequence'}},
+    'sapo_sequence': {'objective.policy_loss': 'sapo', 'objective.aggregation': 'seq_mean_token_mean',
+                      'objective.loss_kwargs': {'level': 'sequence', 'tau_pos': 2.0}},
+    'gspo_dual_clip': {'objective.policy_loss': 'gspo', 'objective.aggregation': 'seq_mean_token_mean',
+                       'objective.loss_kwargs': {'dual_clip': 3.0}},
+    'gspo_token_dual_clip': {'objective.policy_loss': 'gspo_token',
+                             'objective.loss_kwargs': {'dual_clip': 3.0}},
+    **{f'kl_{name}': {'objective.kl_coef': 0.01, 'objective.kl_estimator': name}
+       for name in ('k1', 'k1_abs', 'k2', 'k3', 'k3_k2grad')},
 }
 TRANSFORM_CASES = {
     'f_grpo': ('arithmetic', {}), 'a_grae': ('arithmetic', {}),
@@ -101,6 +130,7 @@ REJECTED_TASK = {'python_tests': 'arithmetic', 'policy_task': 'policy_recall'}
 def test_the_case_tables_cover_the_registries():
   assert set(ESTIMATOR_CASES) == set(advantages.ESTIMATORS)
   assert set(LOSS_CASES) == set(losses.POLICY_LOSSES)
+  assert {f'kl_{k}' for k in kl.KL_ESTIMATORS} <= set(OPTION_CASES)
   assert set(TRANSFORM_CASES) == set(advantage_transforms.TRANSFORMS)
   assert set(VERIFIER_CASES) == set(registry.VERIFIERS)
 
@@ -119,6 +149,13 @@ def test_every_estimator_runs_a_step(name, tmp_path, shared_pool, monkeypatch):
 def test_every_policy_loss_runs_a_step(name, tmp_path, shared_pool, monkeypatch):
   one_step(tiny(**{'objective.policy_loss': name, **LOSS_CASES[name]}), tmp_path, shared_pool,
            monkeypatch)
+
+
+@pytest.mark.parametrize('name', sorted(OPTION_CASES))
+def test_every_peer_option_runs_a_step(name, tmp_path, shared_pool, monkeypatch):
+  _, metrics = one_step(tiny(**OPTION_CASES[name]), tmp_path, shared_pool, monkeypatch)
+  if name.startswith('kl_'):
+    assert np.isfinite(metrics['kl']), metrics['kl']
 
 
 @pytest.mark.parametrize('advantage', ['grpo', 'otb'])
@@ -154,6 +191,11 @@ def test_dapo_with_overlong_shaping_runs_a_step(tmp_path, shared_pool, monkeypat
     ('objective.loss_kwargs', {'eps': 0.2}, "loss_kwargs has 'eps', which ppo_clip does not"),
     ('objective.advantage_kwargs', {'lam': 0.9}, "advantage_kwargs has 'lam', which grpo"),
     ('overlong.cache_len', 9, r'overlong.cache_len=9 must be in \[0, 8\]'),
+    ('objective.advantage_kwargs', {'scale': 'prompt'},
+     r"advantage_kwargs.scale='prompt'; known: \('group', 'batch', 'none'\)"),
+    ('objective.advantage_kwargs', {'nan_rewards': 'skip'},
+     r"advantage_kwargs.nan_rewards='skip'; known: \('error', 'ignore'\)"),
+    ('objective.kl_estimator', 'abs', "objective.kl_estimator='abs'; known:.*'k1_abs'"),
 ])
 def test_combinations_that_cannot_run_are_rejected_at_start_up(field, value, match):
   with pytest.raises(ValueError, match=match):
@@ -164,6 +206,11 @@ def test_combinations_that_cannot_run_are_rejected_at_start_up(field, value, mat
     ('cispo', {}, "loss_kwargs lacks 'cap', which cispo needs"),
     ('quatro', {}, "'quatro' needs objective.loss_kwargs.delta"),
     ('quatro', {'lam_B': 1.0}, "'quatro' needs objective.loss_kwargs.delta"),
+    ('cispo', {'cap': 'absolute', 'max_weight': 5.0, 'level': 'seq'},
+     r"loss_kwargs.level='seq'; known: \('token', 'sequence'\)"),
+    ('sapo', {'tau_neg': 0.0}, 'loss_kwargs.tau_neg=0.0 must be > 0'),
+    ('gspo', {'dual_clip': 0.9}, 'loss_kwargs.dual_clip=0.9 must be > 1'),
+    ('ppo_clip', {'level': 'sequence'}, "loss_kwargs has 'level', which ppo_clip does not take"),
 ])
 def test_losses_missing_a_required_option_are_rejected(loss, kwargs, match):
   c = tiny(**{'objective.policy_loss': loss, 'objective.loss_kwargs': kwargs})
@@ -223,6 +270,27 @@ def test_ifpo_weights_policy_recall_responses_by_whether_they_consulted_the_rule
   adv = (jax.jit(fn) if jit else fn)(scores.rewards_BxG, scores.modes_BxG)
   np.testing.assert_allclose(adv[:, 0], [1 / 3, 1 / 3, -1.0, 1.0], rtol=1e-5)
   np.testing.assert_allclose(adv, jnp.broadcast_to(adv[:, :1], (4, 8)))
+
+
+def test_nan_rewards_stop_the_loop_naming_the_rows_unless_ignored():
+  # Rewards [[1, NaN, 0, 0]] (row 1 abstained). Default: an error naming row 1 and the field.
+  # nan_rewards='ignore' (TRL): valid [1, 0, 0], mean 1/3, centred [2/3, -1/3, -1/3],
+  # unbiased std sqrt((4/9 + 1/9 + 1/9)/2) = sqrt(1/3); A = [2/sqrt(3), 0, -1/sqrt(3) x2].
+  from rlreason.rl import rl_batch
+  rewards_BxG = np.array([[1.0, np.nan, 0.0, 0.0]], np.float32)
+  modes_BxG = np.zeros((1, 4), np.int32)
+  mask = jnp.ones((4, 3), bool)
+  for kwargs, expected in (({}, None), ({'nan_rewards': 'ignore', 'eps': 0.0},
+                                        [2 / np.sqrt(3), 0.0, -1 / np.sqrt(3), -1 / np.sqrt(3)])):
+    run = types.SimpleNamespace(config=tiny(**{'objective.advantage_kwargs': kwargs}))
+    scores = rl_batch.Scores(rewards_BxG, rewards_BxG, modes_BxG, {})
+    if expected is None:
+      with pytest.raises(ValueError, match=r"rows 1 \(prompt 0, sample 1\).*objective."
+                                           r"advantage_kwargs.nan_rewards='ignore'"):
+        rl_batch.advantages_for(run, scores, None, types_batch(mask), progress=0.0)
+      continue
+    adv, _ = rl_batch.advantages_for(run, scores, None, types_batch(mask), progress=0.0)
+    np.testing.assert_allclose(adv, np.repeat(np.array(expected)[:, None], 3, 1), rtol=1e-6)
 
 
 def types_batch(mask_NxL):

@@ -42,7 +42,12 @@ GRPO_SCALES = ('group', 'batch', 'none')
 
 
 def check_rewards(rewards_BxG, *, hint: str = "pass nan_rewards='ignore' to grpo/dr_grpo") -> None:
-  """Raises ValueError naming the rows (n = b*G + g) whose reward is NaN; host-side only."""
+  """Raises ValueError naming the rows (n = b*G + g) whose reward is NaN.
+
+  Host-side: traced values (under jit) cannot be inspected and pass unchecked.
+  """
+  if isinstance(rewards_BxG, jax.core.Tracer):
+    return
   rewards_BxG = np.asarray(rewards_BxG, np.float32)
   bad_BxG = np.isnan(rewards_BxG)
   if not bad_BxG.any():
@@ -60,7 +65,7 @@ def _checked(rewards_BxG, nan_rewards: str) -> Array:
   """rewards as fp32; NaN rejected (when the values are concrete) unless nan_rewards='ignore'."""
   if nan_rewards not in NAN_REWARDS:
     raise ValueError(f'nan_rewards={nan_rewards!r}; known: {NAN_REWARDS}.')
-  if nan_rewards == 'error' and not isinstance(rewards_BxG, jax.core.Tracer):
+  if nan_rewards == 'error':
     check_rewards(rewards_BxG)
   return jnp.asarray(rewards_BxG, jnp.float32)
 

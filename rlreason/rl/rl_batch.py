@@ -269,16 +269,21 @@ def _transform_tokens(fn, adv_NxL, second_BxG, kwargs):
 def advantages_for(run, scores: Scores, stats, batch: TrainBatch, *, progress: float):
   """(advantages_NxL, GAE returns_NxL or None) from the configured estimator and transforms.
 
-  Group estimators give one advantage per response; OTB and GAE one per token, and the
-  transforms then apply per token (`_transform_tokens`). IFPO reads the behaviour modes,
-  the other transforms the rewards.
+  Group estimators give one advantage per response; OTB, GAE and REINFORCE++ one per token,
+  and the transforms then apply per token (`_transform_tokens`). IFPO reads the behaviour
+  modes, the other transforms the rewards. NaN rewards stop here, naming their rows, unless
+  the estimator was told to ignore them (advantage_kwargs.nan_rewards='ignore').
   """
   del progress  # Schedules (HAPO's threshold annealing) hook in here.
   o, g = run.config.objective, run.config.rl.group_size
   mask_NxL = batch.loss_mask_NxL
-  rewards = jnp.asarray(scores.rewards_BxG, jnp.float32)
   kwargs = dict(o.advantage_kwargs)
-  adv, returns_NxL, token_level = None, None, o.advantage in ('otb', 'gae')
+  if kwargs.get('nan_rewards', 'error') != 'ignore':
+    advantages.check_rewards(scores.rewards_BxG, hint="set objective.advantage_kwargs."
+                             "nan_rewards='ignore' (objective.advantage 'grpo' or 'dr_grpo')")
+  rewards = jnp.asarray(scores.rewards_BxG, jnp.float32)
+  adv, returns_NxL = None, None
+  token_level = o.advantage in advantages.TOKEN_LEVEL
   if token_level:
     token_rewards = advantages.outcome_token_rewards(rewards.reshape(-1), mask_NxL)
   if o.advantage == 'otb':
@@ -286,6 +291,11 @@ def advantages_for(run, scores: Scores, stats, batch: TrainBatch, *, progress: f
                          group_size=g, **{'zero_tail': False, **kwargs})
   elif o.advantage == 'gae':
     adv, returns_NxL = advantages.gae(token_rewards, batch.old_values_NxL, mask_NxL, **kwargs)
+  elif o.advantage == 'reinforce_pp':  # Its returns feed no critic: only the advantages.
+    adv, _ = advantages.reinforce_pp(token_rewards, mask_NxL, **kwargs)
+  elif o.advantage == 'opo':
+    lengths_BxG = jnp.sum(mask_NxL, -1, dtype=jnp.float32).reshape(rewards.shape)
+    adv = advantages.opo(rewards, lengths_BxG=lengths_BxG, **kwargs)
   else:
     adv = advantages.get_estimator(o.advantage)(rewards, **kwargs)
   for name in o.transforms:

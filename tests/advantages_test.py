@@ -131,6 +131,9 @@ GROUP_ESTIMATORS = {
     'rloo': adv.rloo,
     'reinforce_pp_baseline': adv.reinforce_pp_baseline,
     'r2po_rarity': adv.r2po_rarity,
+    'grpo_batch': functools.partial(adv.grpo, scale='batch', eps=0.0),
+    'grpo_nan_ignore': functools.partial(adv.grpo, nan_rewards='ignore'),
+    'opo': lambda r: adv.opo(r, lengths_BxG=np.arange(r.size, dtype=np.float32).reshape(r.shape)),
 }
 
 
@@ -393,7 +396,7 @@ def test_sharded_batch_gives_the_same_advantages():
 def test_registry():
   assert adv.get_estimator('grpo') is adv.grpo
   assert set(adv.ESTIMATORS) >= {'grpo', 'dr_grpo', 'rloo', 'reinforce_pp_baseline', 'otb',
-                                 'r2po_rarity', 'gae'}
+                                 'r2po_rarity', 'gae', 'opo', 'grpo_passk', 'reinforce_pp'}
   with pytest.raises(ValueError, match=r"'ppo_magic'.*dr_grpo.*gae.*grpo.*otb"):
     adv.get_estimator('ppo_magic')
 
@@ -401,3 +404,167 @@ def test_registry():
 def test_grpo_rejects_impossible_ddof():
   with pytest.raises(ValueError, match='std_ddof'):
     adv.grpo(R_1000, std_ddof=4)
+
+
+class PeerOptionTest(chex.TestCase):
+  """TRL's scale_rewards and NaN handling, verl's OPO, pass@k and REINFORCE++ (issue #21)."""
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_grpo_batch_scale_hand_example(self):
+    # R = [[1, 0], [1, 1]]: centred per group [[0.5, -0.5], [0, 0]]. Batch std of the raw
+    # rewards [1, 0, 1, 1]: mean 0.75, squares 0.0625 + 0.5625 + 0.0625 + 0.0625 = 0.75,
+    # / (4 - 1) = 0.25, std 0.5 -> A = [[1, -1], [0, 0]]. (Group std of [1, 0]: sqrt(0.5),
+    # A = +-0.7071.)
+    rewards_BxG = np.array([[1.0, 0.0], [1.0, 1.0]], np.float32)
+    batch = self.variant(functools.partial(adv.grpo, scale='batch', eps=0.0))
+    np.testing.assert_allclose(batch(rewards_BxG), [[1.0, -1.0], [0.0, 0.0]], **TIGHT)
+    trl = self.variant(functools.partial(adv.grpo, scale='batch', eps=1e-4))  # TRL's eps.
+    np.testing.assert_allclose(trl(rewards_BxG), [[0.5, -0.5], [0, 0]] / np.float32(0.5001),
+                               **TIGHT)
+    group = self.variant(functools.partial(adv.grpo, eps=0.0))
+    np.testing.assert_allclose(group(rewards_BxG), [[0.5**0.5, -0.5**0.5], [0, 0]], **TIGHT)
+
+  @chex.variants(with_jit=True)
+  def test_batch_scaling_equals_group_scaling_for_one_group(self):
+    rewards_1xG = np.random.default_rng(1).normal(size=(1, 6)).astype(np.float32)
+    for ddof in (0, 1):
+      batch = self.variant(functools.partial(adv.grpo, scale='batch', std_ddof=ddof))
+      group = self.variant(functools.partial(adv.grpo, scale='group', std_ddof=ddof))
+      np.testing.assert_allclose(batch(rewards_1xG), group(rewards_1xG), rtol=1e-6, atol=1e-6)
+    none = self.variant(functools.partial(adv.grpo, scale='none'))
+    np.testing.assert_allclose(none(rewards_1xG), adv.dr_grpo(rewards_1xG), **TIGHT)
+    # Several groups: batch scaling is the centred rewards over one common std.
+    rewards_BxG = np.random.default_rng(2).normal(size=(3, 4)).astype(np.float32)
+    batch = self.variant(functools.partial(adv.grpo, scale='batch', eps=0.0))(rewards_BxG)
+    np.testing.assert_allclose(batch, adv.dr_grpo(rewards_BxG) / rewards_BxG.std(ddof=1),
+                               rtol=1e-5)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_nan_rewards_ignored_hand_example(self):
+    # Group 0 [1, NaN, 0, 0]: valid [1, 0, 0], mean 1/3, centred [2/3, -1/3, -1/3], unbiased
+    # std sqrt((4/9 + 1/9 + 1/9) / 2) = sqrt(1/3): A = [2/sqrt3, 0, -1/sqrt3, -1/sqrt3].
+    # Group 1 [0.5, 1, NaN, NaN]: mean 0.75, centred [-0.25, 0.25], std sqrt(0.125 / 1):
+    # A = [-1/sqrt2, 1/sqrt2, 0, 0]. Group 2, all NaN, and group 3, one valid reward: 0.
+    rewards_BxG = np.array([[1.0, np.nan, 0.0, 0.0], [0.5, 1.0, np.nan, np.nan],
+                            [np.nan] * 4, [np.nan, 0.3, np.nan, np.nan]], np.float32)
+    fn = self.variant(functools.partial(adv.grpo, eps=0.0, nan_rewards='ignore'))
+    s3, s2 = np.sqrt(3), np.sqrt(2)
+    np.testing.assert_allclose(fn(rewards_BxG), [[2 / s3, 0, -1 / s3, -1 / s3],
+                                                 [-1 / s2, 1 / s2, 0, 0], [0] * 4, [0] * 4],
+                               **TIGHT)
+    dr = self.variant(functools.partial(adv.dr_grpo, nan_rewards='ignore'))
+    np.testing.assert_allclose(dr(rewards_BxG[:2]), [[2 / 3, 0, -1 / 3, -1 / 3],
+                                                     [-0.25, 0.25, 0, 0]], **TIGHT)
+
+  @chex.variants(with_jit=True)
+  def test_nan_rows_get_zero_and_leave_the_others_unchanged(self):
+    # One NaN per group (column 2): the others' advantages equal those of the groups without it.
+    rewards_BxG = np.random.default_rng(3).normal(size=(3, 5)).astype(np.float32)
+    with_nan_BxG = rewards_BxG.copy()
+    with_nan_BxG[:, 2] = np.nan
+    without_BxG = np.delete(rewards_BxG, 2, axis=1)
+    for scale in adv.GRPO_SCALES:
+      fn = self.variant(functools.partial(adv.grpo, scale=scale, nan_rewards='ignore'))
+      a = np.asarray(fn(with_nan_BxG))
+      np.testing.assert_array_equal(a[:, 2], 0.0)
+      np.testing.assert_allclose(np.delete(a, 2, axis=1), adv.grpo(without_BxG, scale=scale),
+                                 rtol=1e-5, atol=1e-6)
+      # Without NaN, 'ignore' is the default computation.
+      np.testing.assert_allclose(fn(rewards_BxG), adv.grpo(rewards_BxG, scale=scale), **TIGHT)
+
+  def test_nan_rewards_are_an_error_naming_the_rows(self):
+    rewards_BxG = np.array([[1.0, np.nan, 0.0], [0.0, 0.0, np.nan]], np.float32)
+    lengths_BxG = np.ones((2, 3), np.float32)
+    for fn in (adv.grpo, adv.dr_grpo, adv.rloo, adv.reinforce_pp_baseline, adv.grpo_passk,
+               functools.partial(adv.opo, lengths_BxG=lengths_BxG)):
+      with pytest.raises(ValueError, match=r'rows 1 \(prompt 0, sample 1\), 5 \(prompt 1, '
+                                           r"sample 2\).*nan_rewards='ignore'"):
+        fn(rewards_BxG)
+    with pytest.raises(ValueError, match="nan_rewards='skip'"):
+      adv.grpo(rewards_BxG, nan_rewards='skip')
+    with pytest.raises(ValueError, match="scale='prompt'"):
+      adv.grpo(rewards_BxG, scale='prompt')
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_opo_hand_example(self):
+    # b = Σ L R / Σ L. Group 0: R [1, 0, 0, 0], L [1, 2, 3, 4]: b = 1/10, A = [0.9, -0.1 x3]
+    # (a mean baseline would give [0.75, -0.25 x3]). Group 1 all equal: 0. Group 2 with every
+    # length 0: the plain mean, [0.75, -0.25 x3].
+    rewards_BxG = np.array([[1, 0, 0, 0], [0.5] * 4, [1, 0, 0, 0]], np.float32)
+    lengths_BxG = np.array([[1, 2, 3, 4], [5, 1, 1, 1], [0, 0, 0, 0]], np.float32)
+    fn = self.variant(adv.opo)
+    np.testing.assert_allclose(fn(rewards_BxG, lengths_BxG=lengths_BxG),
+                               [[0.9, -0.1, -0.1, -0.1], [0] * 4, [0.75, -0.25, -0.25, -0.25]],
+                               **TIGHT)
+    # Equal lengths: the mean baseline, Dr. GRPO's advantage. A singleton: A = R.
+    np.testing.assert_allclose(fn(rewards_BxG, lengths_BxG=np.full((3, 4), 7.0)),
+                               adv.dr_grpo(rewards_BxG), **TIGHT)
+    one = np.array([[0.7]], np.float32)
+    np.testing.assert_array_equal(fn(one, lengths_BxG=np.array([[3.0]])), one)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_grpo_passk_hand_example(self):
+    # R = [0.2, 1.0, 0.5, 0.0]: best is slot 1, margin 1.0 - 0.5 = 0.5. Unbiased std: mean
+    # 0.425, squares 0.050625 + 0.330625 + 0.005625 + 0.180625 = 0.5675, / 3 = 0.189167,
+    # std 0.434933 -> A_1 = 0.5 / 0.434934 = 1.149600; every other slot 0.
+    # Ties at the top ([1, 1, 0, 0]): margin 0, all 0.
+    rewards_BxG = np.array([[0.2, 1.0, 0.5, 0.0], [1.0, 1.0, 0.0, 0.0]], np.float32)
+    fn = self.variant(adv.grpo_passk)
+    np.testing.assert_allclose(fn(rewards_BxG), [[0, 1.149600, 0, 0], [0] * 4], rtol=1e-5)
+    unscaled = self.variant(functools.partial(adv.grpo_passk, scale='none'))
+    np.testing.assert_allclose(unscaled(rewards_BxG), [[0, 0.5, 0, 0], [0] * 4], **TIGHT)
+
+  def test_grpo_passk_needs_two_samples(self):
+    with pytest.raises(ValueError, match='at least 2 samples'):
+      adv.grpo_passk(np.array([[1.0]], np.float32))
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_reinforce_pp_hand_example(self):
+    # Rows: mask [1, 1, 0] with R = 1 on t = 1; mask [1, 1, 1] with R = 0. γ = 1: returns
+    # [[1, 1, 0], [0, 0, 0]]; whitened over the 5 valid tokens [1, 1, 0, 0, 0]: mean 0.4,
+    # variance (0.36·2 + 0.16·3) / 4 = 0.3: A = 0.6/sqrt(0.3) = 1.095445 and
+    # -0.4/sqrt(0.3) = -0.730297; padding 0.
+    mask_NxL = np.array([[1, 1, 0], [1, 1, 1]], np.float32)
+    rewards_NxL = np.array([[0, 1, 0], [0, 0, 0]], np.float32)
+    a, ret = self.variant(adv.reinforce_pp)(rewards_NxL, mask_NxL)
+    np.testing.assert_allclose(ret, [[1, 1, 0], [0, 0, 0]], **TIGHT)
+    np.testing.assert_allclose(a, [[1.095445, 1.095445, 0], [-0.730297] * 3], rtol=1e-5)
+    # γ = 0.5 and an observation token (mask 0 at t = 1) between two model tokens, R = 1 at
+    # t = 2: G_2 = 1, t = 1 is skipped (its return 0, the running return carried),
+    # G_0 = 0 + 0.5 · 1 = 0.5.
+    half = self.variant(functools.partial(adv.reinforce_pp, gamma=0.5))
+    _, ret = half(np.array([[0, 0, 1.0]]), np.array([[1, 0, 1.0]]))
+    np.testing.assert_allclose(ret, [[0.5, 0.0, 1.0]], **TIGHT)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_otb_returns_as_verl_returns_them(self):
+    # The OTB hand example (R = [1, 0], two tokens each): returns [[1, 1], [0, 0]], and the
+    # advantages are the plain call's.
+    logp, sumsq = _two_way_energy_inputs([[P_HALF, P_HALF], [P_TENTH, P_TENTH]])
+    mask = np.ones((2, 2), np.float32)
+    rewards = adv.outcome_token_rewards(np.array([1.0, 0.0]), mask)
+    fn = self.variant(functools.partial(adv.otb, group_size=2, zero_tail=False,
+                                        with_returns=True))
+    a, ret = fn(rewards, logp, sumsq, mask)
+    np.testing.assert_allclose(ret, [[1, 1], [0, 0]], **TIGHT)
+    np.testing.assert_allclose(a, adv.otb(rewards, logp, sumsq, mask, group_size=2,
+                                          zero_tail=False), **TIGHT)
+    # Multi-turn: model, observation, model, padding; R = 1 on t = 2. The observation token
+    # carries the return after it (1), padding 0 -- verl's returns are not masked.
+    mask_mt = np.array([[1, 0, 1, 0], [1, 1, 0, 0]], np.float32)
+    rewards_mt = adv.outcome_token_rewards(np.array([1.0, 0.0]), mask_mt)
+    logp_mt, sumsq_mt = _two_way_energy_inputs(np.full((2, 4), 0.5))
+    mt = self.variant(functools.partial(adv.otb, group_size=2, zero_tail=False, multi_turn=True,
+                                        with_returns=True))
+    a_mt, ret_mt = mt(rewards_mt, logp_mt, sumsq_mt, mask_mt)
+    np.testing.assert_allclose(ret_mt, [[1, 1, 1, 0], [0, 0, 0, 0]], **TIGHT)
+    np.testing.assert_array_equal(np.asarray(a_mt)[mask_mt == 0], 0.0)
+
+
+def test_batch_scaled_grpo_is_global_on_a_sharded_batch():
+  mesh = jax.make_mesh((8,), ('data',))
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+  rewards_BxG = np.random.default_rng(9).normal(size=(16, 4)).astype(np.float32)
+  fn = jax.jit(functools.partial(adv.grpo, scale='batch'))
+  np.testing.assert_allclose(fn(jax.device_put(rewards_BxG, sharding)), fn(rewards_BxG),
+                             rtol=1e-6, atol=1e-6)

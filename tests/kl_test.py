@@ -41,10 +41,23 @@ class KlTest(chex.TestCase):
     # lp = log 0.5, lp_ref = log 0.25: u = −ln 2 → k1 = 0.693147, k2 = ½ ln²2 = 0.240227,
     # k3 = 0.5 + ln 2 − 1 = 0.193147; k3_k2grad has k3's value.
     lp, ref = jnp.log(jnp.array([[0.5]])), jnp.log(jnp.array([[0.25]]))
-    want = {'k1': 0.693147, 'k2': 0.240227, 'k3': 0.193147, 'k3_k2grad': 0.193147}
+    want = {'k1': 0.693147, 'k2': 0.240227, 'k3': 0.193147, 'k3_k2grad': 0.193147,
+            'k1_abs': 0.693147}
     for name, value in want.items():
       got = self.variant(kl.get_kl_estimator(name))(lp, ref)
       np.testing.assert_allclose(got, [[value]], atol=1e-6)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_k1_abs_is_non_negative_with_sign_gradient(self):
+    # verl's "abs": |lp − lp_ref|. lp = log 0.5 vs ref log 0.25: |ln 2| = 0.693147, d/dlp = +1;
+    # swapped (lp = log 0.25, ref log 0.5): k1 = −0.693147 but |k1| = 0.693147, d/dlp = −1.
+    lp = jnp.log(jnp.array([[0.5, 0.25]]))
+    ref = jnp.log(jnp.array([[0.25, 0.5]]))
+    fn = self.variant(kl.k1_abs)
+    np.testing.assert_allclose(fn(lp, ref), [[0.693147, 0.693147]], atol=1e-6)
+    np.testing.assert_allclose(kl.k1(lp, ref), [[0.693147, -0.693147]], atol=1e-6)
+    grad = self.variant(jax.grad(lambda x: jnp.sum(kl.k1_abs(x, ref))))(lp)
+    np.testing.assert_allclose(grad, [[1.0, -1.0]], atol=1e-6)
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_expected_gradients_target_the_right_kl(self):

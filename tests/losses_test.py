@@ -19,8 +19,12 @@ ALL_LOSSES = {
     'ppo_clip': dict(eps_low=0.2, eps_high=0.28, dual_clip=3.0),
     'cispo': dict(cap='relative', eps_high=0.2),
     'cispo_absolute': dict(cap='absolute', max_weight=5.0),
+    'cispo_sequence': dict(cap='absolute', max_weight=5.0, level='sequence'),
+    'sapo': dict(),
+    'sapo_sequence': dict(level='sequence', tau_pos=2.0, tau_neg=3.0),
     'gspo': dict(),
-    'gspo_token': dict(),
+    'gspo_dual': dict(dual_clip=3.0),
+    'gspo_token': dict(dual_clip=3.0),
     'quatro': dict(group_size=2, delta=0.1),
     'is_grpo': dict(group_size=2, reward_std_B=jnp.array([0.5, 1.0]),
                     proposal_std_B=jnp.array([0.5, 1.0])),
@@ -34,7 +38,9 @@ CLIPPED_SURROGATES = [k for k in ALL_LOSSES if k != 'quatro']
 def _fn(key):
   if key == 'is_grpo':  # A library function: no prompt sampler of the loop feeds it yet.
     return losses.is_grpo
-  return losses.get_policy_loss('cispo' if key == 'cispo_absolute' else key)
+  variants = {'cispo_absolute': 'cispo', 'cispo_sequence': 'cispo', 'sapo_sequence': 'sapo',
+              'gspo_dual': 'gspo'}
+  return losses.get_policy_loss(variants.get(key, key))
 
 
 def _from_ratios(ratio_NxL, lp=-1.0):
@@ -95,7 +101,8 @@ class PolicyLossTest(chex.TestCase):
   @chex.variants(with_jit=True, without_jit=True)
   def test_ratio_one_gives_reinforce_gradient(self):
     # At θ = θ_old every clipped surrogate's per-token gradient is −A·M (for GSPO:
-    # L_i tokens × −A/L_i each through s_i).
+    # L_i tokens × −A/L_i each through s_i); so is CISPO's (weight 1) and SAPO's
+    # (f'(1) = 4 σ(0)(1 − σ(0)) = 1, at either level).
     lp, _, adv, mask = _batch()
     for key in CLIPPED_SURROGATES:
       kw = dict(ALL_LOSSES[key])
@@ -319,6 +326,111 @@ class PolicyLossTest(chex.TestCase):
       np.testing.assert_array_equal(grad, np.zeros_like(grad), err_msg=key)
       assert np.isfinite(np.asarray(loss)).all(), key
       assert all(np.isfinite(np.asarray(v)).all() for v in metrics.values()), key
+
+
+class PeerOptionTest(chex.TestCase):
+  """SAPO, sequence-level CISPO and GSPO's dual clip (issue #21), against verl's and TRL's code."""
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_sapo_hand_cases(self):
+    # ℓ = −σ(τ(r − 1))·4/τ·A, τ = 1 for A > 0, 1.05 for A ≤ 0 (the defaults).
+    #   A = +1, r = 2: −4σ(1) = −4 · 0.7310586 = −2.924234;
+    #   A = −1, r = 2: +σ(1.05)·4/1.05 = 0.7407750 · 3.809524 = 2.822000;
+    #   A = +1, r = 1: −2σ(0)·2 = −2 (f(1) = 2/τ).
+    # d ℓ / d lp = −A · 4σ(1 − σ) · r: −4 · 0.7310586 · 0.2689414 · 2 = −1.572895;
+    #   +4 · 0.7407750 · 0.2592250 · 2 = 1.536220; at r = 1: −A = −1 (REINFORCE's).
+    lp, old = _from_ratios([[2.0, 2.0, 1.0]])
+    adv, mask = jnp.array([[1.0, -1.0, 1.0]]), jnp.ones((1, 3))
+    loss, w, metrics = self.variant(losses.sapo)(lp, old, adv, mask)
+    np.testing.assert_allclose(loss, [[-2.924234, 2.822000, -2.0]], rtol=1e-5)
+    np.testing.assert_array_equal(w, mask)
+    grad = self.variant(functools.partial(_token_grad, losses.sapo))(lp, old, adv, mask)
+    np.testing.assert_allclose(grad, [[-1.572895, 1.536220, -1.0]], rtol=1e-5)
+    np.testing.assert_allclose(metrics['ratio/mean'], 5 / 3, rtol=1e-6)
+    # Sequence level: token log ratios [ln 2, 0] → s = exp(ln 2 / 2) = sqrt 2; A = 1, τ = 1:
+    # ℓ = −4σ(0.414214) = −4 · 0.6020978 = −2.408391 on both tokens.
+    lp2, old2 = _from_ratios([[2.0, 1.0]])
+    seq = self.variant(functools.partial(losses.sapo, level='sequence'))
+    loss, _, _ = seq(lp2, old2, jnp.ones(1), jnp.ones((1, 2)))
+    np.testing.assert_allclose(loss, [[-2.408391, -2.408391]], rtol=1e-5)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_sapo_temperature_sharpens_the_gate(self):
+    # Far off-policy (r = 3, A = 1) the gradient 4σ(1 − σ)·r decays faster with a larger τ:
+    # τ = 1: 4 · 0.8807971 · 0.1192029 · 3 = 1.259903;  τ = 4: 4 · σ(8)(1 − σ(8)) · 3 = 0.004023.
+    lp, old = _from_ratios([[3.0]])
+    for tau, want in ((1.0, 1.259903), (4.0, 0.004023)):
+      f = functools.partial(_token_grad, losses.sapo, tau_pos=tau)
+      grad = self.variant(f)(lp, old, jnp.ones((1, 1)), jnp.ones((1, 1)))
+      np.testing.assert_allclose(grad, [[-want]], rtol=1e-3)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_cispo_sequence_hand_case(self):
+    # Token log ratios [ln 4, 0] → s = exp(ln 4 / 2) = 2; relative cap ε_high = 0.2 → weight
+    # 1.2 on both tokens (token level: [1.2, 1.0]). lp = [−1, −2], A = 1: ℓ = −w A lp =
+    # [1.2, 2.4] (token level [1.2, 2.0]); gradient −w A = [−1.2, −1.2].
+    lp = jnp.array([[-1.0, -2.0]])
+    old = lp - jnp.log(jnp.array([[4.0, 1.0]]))
+    kw = dict(cap='relative', eps_high=0.2)
+    seq = self.variant(functools.partial(losses.cispo, level='sequence', **kw))
+    loss, _, metrics = seq(lp, old, jnp.ones(1), jnp.ones((1, 2)))
+    np.testing.assert_allclose(loss, [[1.2, 2.4]], rtol=1e-6)
+    np.testing.assert_allclose(metrics['cispo/weight_mean'], 1.2, rtol=1e-6)
+    tok = self.variant(functools.partial(losses.cispo, **kw))
+    np.testing.assert_allclose(tok(lp, old, jnp.ones(1), jnp.ones((1, 2)))[0], [[1.2, 2.0]],
+                               rtol=1e-6)
+    grad = self.variant(functools.partial(_token_grad, losses.cispo, level='sequence', **kw))(
+        lp, old, jnp.ones(1), jnp.ones((1, 2)))
+    np.testing.assert_allclose(grad, [[-1.2, -1.2]], rtol=1e-6)
+
+  @chex.variants(with_jit=True)
+  def test_sequence_level_with_one_token_per_sequence_is_token_level(self):
+    lp, old, adv, _ = _batch(scale=1.0)
+    mask = jnp.zeros_like(lp).at[:, 2].set(1.0)  # One valid token per row.
+    for fn, kw in ((losses.cispo, dict(cap='relative', eps_high=0.2)),
+                   (losses.cispo, dict(cap='absolute', max_weight=1.1)),
+                   (losses.sapo, dict(tau_pos=2.0))):
+      token = self.variant(functools.partial(fn, **kw))(lp, old, adv, mask)[0]
+      seq = self.variant(functools.partial(fn, level='sequence', **kw))(lp, old, adv, mask)[0]
+      np.testing.assert_allclose(seq, token, rtol=1e-6, atol=1e-7)
+      g_tok = self.variant(functools.partial(_token_grad, fn, **kw))(lp, old, adv, mask)
+      g_seq = self.variant(functools.partial(_token_grad, fn, level='sequence', **kw))(
+          lp, old, adv, mask)
+      np.testing.assert_allclose(g_seq, g_tok, rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="level='turn'"):
+      losses.sapo(lp, old, adv, mask, level='turn')
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_gspo_dual_clip_on_the_sequence_ratio(self):
+    # Each row one sequence with every token log ratio δ: s = e^δ. A = −1, s = e^1.5 = 4.481689:
+    # ℓ = −min(−s, −clip(s)) = s, capped by the dual clip at −c A = 3 (gradient 0). A = −1,
+    # s = 2 < c: ℓ = 2 (unchanged). A = +1, s = 4.48: clipped at 1 + 4e-4, no dual clip.
+    lp, old = _from_ratios([[np.exp(1.5)] * 2, [2.0] * 2, [np.exp(1.5)] * 2])
+    adv, mask = jnp.array([-1.0, -1.0, 1.0]), jnp.ones((3, 2))
+    for fn in (losses.gspo, losses.gspo_token):
+      f = self.variant(functools.partial(fn, dual_clip=3.0))
+      loss, _, metrics = f(lp, old, adv, mask)
+      np.testing.assert_allclose(loss, [[3.0] * 2, [2.0] * 2, [-1.0004] * 2], rtol=1e-6)
+      np.testing.assert_allclose(metrics['clip_frac/dual'], 1 / 3, rtol=1e-6)
+      grad = self.variant(functools.partial(_token_grad, fn, dual_clip=3.0))(lp, old, adv, mask)
+      np.testing.assert_array_equal(grad[0], [0.0, 0.0])
+      assert np.all(np.asarray(grad[1]) > 0)  # −A · s / L_i per token, through s.
+      plain = self.variant(fn)(lp, old, adv, mask)[0]
+      np.testing.assert_allclose(plain[0], [np.exp(1.5)] * 2, rtol=1e-6)
+
+  @chex.variants(with_jit=True)
+  def test_gspo_dual_clip_equals_trl_delta(self):
+    # TRL (loss_type='grpo', importance_sampling_level='sequence', delta=δ):
+    # ℓ = −min(min(s, δ) A, clip(s, 1 − ε_low, 1 + ε_high) A), the same loss as the dual clip
+    # c = δ whenever δ ≥ 1 + ε_high.
+    lp, old, adv, mask = _batch(seed=3, scale=1.0)
+    loss, _, _ = self.variant(functools.partial(losses.gspo, dual_clip=1.5))(lp, old, adv, mask)
+    log_s = jnp.sum((lp - old) * mask, -1) / jnp.sum(mask, -1)
+    s = jnp.exp(log_s)
+    trl_N = -jnp.minimum(jnp.minimum(s, 1.5) * adv, jnp.clip(s, 1 - 3e-4, 1 + 4e-4) * adv)
+    np.testing.assert_allclose(loss, trl_N[:, None] * mask, rtol=1e-5, atol=1e-6)
+    # Row 1 (s = 2.28, A < 0) is capped at 1.5; row 0 (s = 1.46, A < 0) is not.
+    assert bool(jnp.any((s > 1.5) & (adv < 0))) and bool(jnp.any((s < 1.5) & (adv < 0)))
 
 
 class DiagnosticsTest(chex.TestCase):

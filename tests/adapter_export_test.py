@@ -133,8 +133,10 @@ def test_target_modules_list_or_regex():
                           'v_proj', 'embed_tokens', 'lm_head']
   assert modules(PARTIAL) == (r'model\.layers\.0\.self_attn\.q_proj|'
                               r'model\.layers\.0\.self_attn\.o_proj|'
-                              r'model\.layers\.1\.self_attn\.o_proj|model\.layers\.1\.mlp\.gate_proj|'
-                              r'model\.layers\.1\.mlp\.up_proj|model\.layers\.1\.mlp\.down_proj')
+                              r'model\.layers\.1\.self_attn\.o_proj|'
+                              r'model\.layers\.1\.mlp\.gate_proj|'
+                              r'model\.layers\.1\.mlp\.up_proj|'
+                              r'model\.layers\.1\.mlp\.down_proj')
 
 
 def test_quantised_base_needs_its_dequantised_copy(tmp_path):

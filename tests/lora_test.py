@@ -59,6 +59,20 @@ class MergeTest(chex.TestCase):
       np.testing.assert_array_equal(fwd(params, adapter, tokens), base_fwd(params, tokens))
 
   @chex.variants(with_jit=True, without_jit=True)
+  def test_zero_b_over_a_bf16_base_is_the_base_bit_for_bit(self):
+    # Targets come out fp32 (bf16 W upcast exactly, + 0); apply casts to the compute dtype.
+    for compute in ('float32', 'bfloat16'):
+      cfg = CFG.replace(param_dtype='bfloat16', compute_dtype=compute)
+      params = _params(cfg)
+      adapter = lora.init(cfg, ALL, jax.random.key(5))
+      merged = self.variant(lambda p, a, cfg=cfg: lora.merge(p, a, cfg, ALL))(params, adapter)
+      assert merged['layers']['0']['attn']['q'].dtype == jnp.float32
+      assert merged['layers']['0']['attn']['q_bias'].dtype == jnp.bfloat16  # Untouched.
+      tokens = _tokens()
+      fwd = jax.jit(lambda p, t, cfg=cfg: _logits(p, t, cfg))
+      np.testing.assert_array_equal(fwd(merged, tokens), fwd(params, tokens))
+
+  @chex.variants(with_jit=True, without_jit=True)
   def test_zero_b_decode_step_is_the_base_bit_for_bit(self):
     # The MLP runs gate and up unstacked for one token: merging happens before either path.
     params, tokens = _params(CFG), _tokens()

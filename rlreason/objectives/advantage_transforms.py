@@ -252,7 +252,8 @@ def hapo_gate(successes_B: Array, failures_B: Array, *, threshold: Array | float
   if gate not in HAPO_GATES:
     raise ValueError(f'hapo_gate: gate={gate!r}; known: {HAPO_GATES}.')
   if (key is not None) != (gate == 'thompson'):
-    raise ValueError(f"hapo_gate: gate='thompson' needs key, and only it takes one (gate={gate!r}).")
+    raise ValueError(f"hapo_gate: gate='thompson' needs key, and only it takes one "
+                     f'(gate={gate!r}).')
   if (confidence is not None) != (gate == 'confidence'):
     raise ValueError(f"hapo_gate: gate='confidence' needs confidence, and only it takes one "
                      f'(gate={gate!r}).')

@@ -212,7 +212,7 @@ def r2po_rarity(rewards_BxG: Array, *, std_ddof: int = 1, eps: float = 1e-6) -> 
 
 
 def opo(rewards_BxG: Array, *, lengths_BxG: Array) -> Array:
-  """OPO's length-weighted optimal baseline (On-Policy RL with Optimal reward baseline, arXiv 2505.23585).
+  """OPO's length-weighted optimal reward baseline (arXiv 2505.23585).
 
   A_i = R_i - b with b = Σ_j L_j R_j / Σ_j L_j over the prompt's G responses (L = response
   length in tokens); a singleton group has b = 0 (A = R). No std division. A group whose

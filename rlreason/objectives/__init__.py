@@ -1,7 +1,10 @@
 """What the learner optimises, as pure functions: advantages, policy losses, KL, aggregation.
 
-  advantages, advantage_transforms  rewards_BxG -> advantages (GRPO family, OTB, GAE, ...)
-  losses, trust_region              per-token policy-loss terms (PPO-clip, CISPO, GSPO, QUATRO, ...)
+  advantages, token_advantages      rewards -> advantages (GRPO family, OPO, pass@k; per token
+                                    REINFORCE++, OTB, GAE)
+  advantage_transforms              F-GRPO, A-GRAE, IFPO; DAPO's and HAPO's data operators
+  losses, soft_losses, ratios,      per-token policy-loss terms (PPO-clip, GSPO, SORL; CISPO,
+    trust_region                    SAPO; shared ratio helpers; QUATRO)
   kl, aggregation                   KL estimators; micro-batch-invariant loss aggregation
   loss_diagnostics, token_stats     ratio/clip diagnostics; per-token log-probs and entropy
 

@@ -5,8 +5,8 @@ Three kinds of pure, jittable functions on `_BxG` arrays (B prompts x G samples)
     `TRANSFORMS`: F-GRPO's focal scaling, A-GRAE's difficulty focus with asymmetric
     suppression, IFPO's inverse-frequency mode weights;
   * reward/data operators, applied before the estimator: DAPO's group filter for dynamic
-    sampling and its overlong length shaping, HAPO's confidence gate, teacher injection and
-    threshold schedule;
+    sampling and its overlong length shaping, HAPO's gate (v1's posterior mean, or the sampled
+    and confidence forms), teacher injection and threshold schedule;
   * analysis helpers: F-GRPO's tail-miss probability and the Beta-Binomial posterior
     quantities HAPO's gate needs.
 

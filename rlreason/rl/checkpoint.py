@@ -89,6 +89,17 @@ class Checkpointer:
                          '\n  '.join(errors))
     return None
 
+  def saved_config(self) -> dict | None:
+    """The config saved with the newest readable step (read alone: the state's tree may not
+    match this run's), or None when there is none."""
+    for step in sorted(self.latest.all_steps(), reverse=True):
+      try:
+        out = self.latest.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))
+      except Exception:  # pylint: disable=broad-except  (restore() reports corrupt steps)
+        continue
+      return dict(out['config'] or {})
+    return None
+
   def close(self) -> None:
     self.latest.close()
     if self.best is not None:

@@ -142,7 +142,8 @@ def evaluate(run, params, *, k: int, temperature: float, rng,
 
 
 def restore_params(run, *, step: int | None = None, from_best: bool = False):
-  """(step, params) of the newest (or `step`'s, or the best) checkpoint of run.workdir."""
+  """(step, params) of the newest (or `step`'s, or the best) checkpoint of run.workdir: the
+  TrainState's params (under LoRA the adapter; `run.policy` gives the model's)."""
   import jax
   abstract = jax.eval_shape(run.init_state, run.init_params)
   abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
@@ -168,7 +169,8 @@ def evaluate_checkpoint(config, workdir, *, step: int | None = None, from_best: 
   try:
     step, params = restore_params(run, step=step, from_best=from_best)
     with jax.set_mesh(run.mesh):  # The params as the loop evaluates them (train shardings).
-      metrics = evaluate(run, params, k=k, temperature=temperature, rng=run.eval_rng)
+      metrics = evaluate(run, run.policy(params), k=k, temperature=temperature,
+                         rng=run.eval_rng)
     if export:
       run_setup.export_policy(run, params, export, dtype=config.export.dtype)
   finally:

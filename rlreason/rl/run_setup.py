@@ -7,6 +7,7 @@ Deliberately not here: the RL loop (train.py), per-step batch construction (rl_b
 """
 
 import dataclasses
+import functools
 import importlib
 import logging
 import pathlib
@@ -28,6 +29,7 @@ from rlreason.model import sharding
 from rlreason.model import tokenizer as tokenizer_lib
 from rlreason.model import transformer
 from rlreason.model import weights
+from rlreason.rl import adapters
 from rlreason.rl import checkpoint
 from rlreason.rl import mixed_policy
 from rlreason.rl import prompt_schedule
@@ -73,6 +75,13 @@ class Run:
   restored: bool = False  # Set by restore_or_init: whether a checkpoint was found.
   env: Any = None  # With env.enabled: the envs.environment.ToolEnvironment
   renderer: Any = None  # and the text around its turns (envs.render).
+  adapter: Any = None  # With lora.enabled: the frozen base and its merge (rl/adapters.py).
+
+  def policy(self, trainable):
+    """The model's params from the TrainState's: the adapter merged into the frozen base
+    under LoRA, else the params themselves."""
+    return trainable if self.adapter is None else self.adapter.merge(self.adapter.base,
+                                                                      trainable)
 
   def restore_or_init(self):
     """(state, step): the newest restorable checkpoint, or fresh state at step 0.
@@ -82,6 +91,9 @@ class Run:
     self.restored = False
     abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                             self._fresh_state(), self.state_shardings)
+    saved_config = self.checkpointer.saved_config()
+    if saved_config is not None:  # Before the state: a LoRA state's tree is not a full one's.
+      adapters.check_resume(saved_config, self.adapter, self.config)
     restored = self.checkpointer.restore(abstract)
     if restored is None:
       return self._fresh_state(), 0
@@ -109,15 +121,18 @@ class Run:
   def _ref_from_checkpoint(self, abstract):
     # The reference policy is the step-0 policy (after the warm start).
     restored = warm_start_checkpointer(self.workdir).restore(abstract)
-    return None if restored is None else restored[1].params
+    return None if restored is None else self.policy(restored[1].params)
 
   def save(self, step: int, state, *, metrics=None) -> None:
     if step == 0 and self.config.objective.kl_coef:
-      self.ref_params = jax.tree.map(jnp.copy, state.params)
+      self.ref_params = jax.tree.map(jnp.copy, self.policy(state.params))
     if step == 0 and self.config.prefix_rollouts.enabled:
-      self.prefix_params = sharding.reshard(jax.tree.map(jnp.copy, state.params),
+      self.prefix_params = sharding.reshard(jax.tree.map(jnp.copy, self.policy(state.params)),
                                             self.sample_shardings)
-    kw = dict(data_state=self.data_iter.get_state(), config=self.config.to_dict(), force=True)
+    saved_config = self.config.to_dict()
+    if self.adapter is not None:
+      saved_config[adapters.FINGERPRINT_KEY] = self.adapter.fingerprint
+    kw = dict(data_state=self.data_iter.get_state(), config=saved_config, force=True)
     self.checkpointer.save(step, state, metrics=metrics, **kw)
     self.checkpointer.wait()
     if step == 0:  # Kept apart from keep-last-k: the reference policy and baselines start here.
@@ -219,7 +234,10 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
     raise ValueError("sample_mesh.kind='host' samples the policy only: prefix_rollouts, hapo "
                      'and judge still sample on the training mesh; turn them off.')
   param_sh = sharding.param_shardings(cfg, mesh, sharding.TRAIN_RULES)
-  params = jax.device_put(params, param_sh)
+  adapter, trainable_sh = None, param_sh
+  if adapters.lora_config(config) is not None:  # Train an adapter; the base stays frozen.
+    adapter, params, trainable_sh = adapters.setup(config, cfg, params, mesh, param_sh)
+  params = jax.device_put(params, trainable_sh)
   opt = config.optimizer
   optimizer = make_optimizer(lr=opt.lr, warmup_steps=opt.warmup_steps, b1=opt.b1, b2=opt.b2,
                              weight_decay=opt.weight_decay, grad_clip=opt.grad_clip)
@@ -231,7 +249,7 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
                                      b1=opt.b1, b2=opt.b2, grad_clip=critic.grad_clip)
   abstract_state = jax.eval_shape(lambda p, v: update.init_state(
       p, optimizer, value_params=v, value_optimizer=value_optimizer), params, value_params)
-  state_sh = update.state_shardings(abstract_state, param_sh, mesh)
+  state_sh = update.state_shardings(abstract_state, trainable_sh, mesh)
   o = config.objective
   objective = update.Objective(
       policy_loss=o.policy_loss, loss_kwargs=tuple(sorted(dict(o.loss_kwargs).items())),
@@ -243,10 +261,13 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
       correction=o.get('correction', ''),
       correction_kwargs=tuple(sorted(dict(o.get('correction_kwargs', {})).items())))
   train_step = jax.jit(
-      lambda s, b: update.train_step(s, b, cfg=cfg, objective=objective, optimizer=optimizer,
-                                     micro_batches=config.rl.micro_batches,
-                                     value_optimizer=value_optimizer),
+      lambda s, b, base: update.train_step(s, b, cfg=cfg, objective=objective,
+                                           optimizer=optimizer,
+                                           micro_batches=config.rl.micro_batches,
+                                           value_optimizer=value_optimizer,
+                                           to_model=adapters.to_model(adapter, base, cfg)),
       out_shardings=(state_sh, None), donate_argnums=0)
+  train_step = functools.partial(train_step, base=None if adapter is None else adapter.base)
   logprobs = jax.jit(lambda p, t, m, l: update.logprobs_step(
       p, t, m, cfg=cfg, completion_len=l, temperature=objective.temperature),
                      static_argnums=3)
@@ -266,7 +287,8 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
                                            best_metric='eval/pass@1'),
       root_rng=multihost.replicate_key(jax.random.fold_in(root, 1), mesh),
       eval_rng=multihost.replicate_key(jax.random.fold_in(root, 2), mesh),
-      optimizer=optimizer, init_value_params=value_params, value_optimizer=value_optimizer)
+      optimizer=optimizer, init_value_params=value_params, value_optimizer=value_optimizer,
+      adapter=adapter)
   if critic.enabled:
     run.init_value_params = jax.device_put(value_params, state_sh.value_params)
     run.values = jax.jit(lambda p, v, t, m, l: update.values_step(
@@ -308,10 +330,23 @@ _TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_m
 
 
 def export_policy(run: Run, params, path, *, dtype: str = '') -> pathlib.Path:
-  """Writes params as a HF directory (weights.save) with the HF tokenizer's files, if any."""
+  """Writes the policy of the TrainState's `params` as a HF directory (weights.save) with the
+  HF tokenizer's files, if any; under LoRA the merged model, and with export.peft_path also
+  the adapter in PEFT's format (model/adapter_export.py)."""
   import shutil
   path = pathlib.Path(path)
-  weights.save(path, run.cfg, params, dtype=dtype or None)
+  weights.save(path, run.cfg, run.policy(params), dtype=dtype or None)
+  peft_path = run.config.export.get('peft_path', '')
+  if run.adapter is not None and peft_path:
+    from rlreason.model import adapter_export
+    quantized = run.adapter.lora_cfg.quantize
+    # A quantised base is written dequantised beside the adapter: peft applies it to that.
+    base_name = (f'{peft_path}-dequantized-base' if quantized else
+                 run.config.model.path if run.config.model.init == 'hf' else '')
+    adapter_export.save_peft(peft_path, run.cfg, jax.device_get(params), run.adapter.lora_cfg,
+                             base_name,
+                             quantized_base=jax.device_get(run.adapter.base) if quantized else None)
+    logging.info('exported the LoRA adapter (PEFT format) to %s', peft_path)
   if run.config.tokenizer.kind == 'hf':
     for name in _TOKENIZER_FILES:
       source = pathlib.Path(run.config.tokenizer.path) / name
@@ -370,7 +405,8 @@ def sft_loop(run: Run, state, *, steps: int, writer=None, solutions=None, seed_o
   """Supervised next-token training on teacher solutions; returns (state, metrics).
 
   `on_every(steps_done, params)` runs after every `every` steps and after the last one
-  (the baselines' learning curves), with params in the training layout.
+  (the baselines' learning curves), with the model's params (`Run.policy`) in the training
+  layout.
 
   `solutions(examples, rng) -> list[str | None]` overrides the configured teacher (rejection
   sampling fine-tuning passes verified samples); rows whose solution is None are skipped.
@@ -387,8 +423,12 @@ def sft_loop(run: Run, state, *, steps: int, writer=None, solutions=None, seed_o
   # A copy: the jitted step donates its state, and callers may still hold `state`.
   sft_state = update.init_state(jax.tree.map(jnp.copy, state.params), optimizer)
   length = max(run.config.data.prompt_buckets) + run.config.rl.max_new_tokens + 1
-  step_fn = jax.jit(lambda st, t, m: update.sft_step(st, t, m, cfg=run.cfg, optimizer=optimizer),
-                    donate_argnums=0)
+  base = None if run.adapter is None else run.adapter.base
+  step_fn = functools.partial(jax.jit(
+      lambda st, t, m, base: update.sft_step(st, t, m, cfg=run.cfg, optimizer=optimizer,
+                                             to_model=adapters.to_model(run.adapter, base,
+                                                                        run.cfg)),
+      donate_argnums=0), base=base)  # The base is an argument, never a baked-in constant.
   stream = iter(data.batched(data.synthetic_stream(
       run.config.data.task, seed=run.config.seed + 7919 + seed_offset, difficulty=run.config.data.difficulty,
       options=dict(run.config.data.task_options),
@@ -409,7 +449,7 @@ def sft_loop(run: Run, state, *, steps: int, writer=None, solutions=None, seed_o
       host = writer.write(i - steps, metrics, prefix='sft/')
       writer.progress(i + 1, host, keys=('sft/loss',), label=f'sft {i + 1}/{steps}')
     if on_every is not None and every and ((i + 1) % every == 0 or i == steps - 1):
-      on_every(i + 1, jax.device_put(sft_state.params, run.state_shardings.params))
+      on_every(i + 1, run.policy(jax.device_put(sft_state.params, run.state_shardings.params)))
   # Back in the training layout: the SFT step's outputs carry whatever shardings XLA chose,
   # and a state in another layout would compile the RL train step a second time.
   state = state.replace(params=jax.device_put(sft_state.params, run.state_shardings.params))

@@ -155,7 +155,8 @@ def rl_step(run: Run, state, step: int, times: dict[str, float]):
   """Sample, verify, filter, compute advantages, and update: (state, metrics)."""
   rl, progress = run.config.rl, step / max(run.config.rl.steps, 1)
   rng = jax.random.fold_in(run.root_rng, step)
-  sample_params = sharding.reshard(state.params, run.sample_shardings)
+  policy = run.policy(state.params)  # The model's params (a LoRA adapter merged in).
+  sample_params = sharding.reshard(policy, run.sample_shardings)
   groups, metrics = [], {}
   for attempt in range(1 + (rl.max_refill_rounds if rl.dynamic_sampling else 0)):
     with phase(times, 'sample'):
@@ -173,7 +174,7 @@ def rl_step(run: Run, state, step: int, times: dict[str, float]):
   metrics['dynamic_sampling/filled_frac'] = kept_frac
   metrics['dynamic_sampling/rounds'] = len(groups)
   with phase(times, 'update'):
-    batch, stats = make_train_batch(run, state.params, rollout, value_params=state.value_params)
+    batch, stats = make_train_batch(run, policy, rollout, value_params=state.value_params)
     adv_NxL, returns_NxL = advantages_for(run, scores, stats, batch, progress=progress)
     batch = batch.replace(advantages_NxL=adv_NxL, returns_NxL=returns_NxL)
     perm = np.arange(rl.prompts_per_step)
@@ -203,7 +204,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[st
   if not run.restored:  # A restored step 0 already holds the warm start.
     with jax.set_mesh(run.mesh):
       state, sft_metrics = sft_loop(run, state, steps=config.sft.steps, writer=writer)
-    eval_metrics = evaluate_policy(run, state.params, run.eval_rng, step=0)
+    eval_metrics = evaluate_policy(run, run.policy(state.params), run.eval_rng, step=0)
     writer.write(0, {**sft_metrics, **eval_metrics})
     logging.info('after SFT warm start: %s', eval_metrics)
     run.save(0, state, metrics=eval_metrics)
@@ -219,7 +220,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[st
     metrics['time/step_s'] = time.perf_counter() - t0
     if config.eval.every and (step % config.eval.every == 0 or step == config.rl.steps):
       with phase(metrics, 'eval'):
-        eval_metrics = evaluate_policy(run, state.params, run.eval_rng, step=step)
+        eval_metrics = evaluate_policy(run, run.policy(state.params), run.eval_rng, step=step)
       metrics.update(eval_metrics)
     metrics.update(throughput(metrics))
     pending = (step, metrics)

@@ -254,6 +254,7 @@ def test_target_patterns():
     (dict(targets=('qproj',)), CFG, r"'qproj' matches no weight.*'down', 'embed', 'gate'"),
     (dict(targets=('q', 'lm_head')), CFG_TIED, r"'lm_head' matches no weight.*tied"),
     (dict(targets='q'), CFG, 'non-empty tuple'),
+    (dict(targets=['q']), CFG, 'non-empty tuple'),  # A list is not hashable: no static jit arg.
     (dict(rank=0), CFG, r'rank=0 must be a positive'),
     (dict(rank=33), CFG, r'rank=33 exceeds min\(in, out\) = min\(64, 32\).*layers.0.attn.k'),
     (dict(rank=8, targets=('layers.1.attn.o',)), CFG.replace(num_heads=2, num_kv_heads=1,

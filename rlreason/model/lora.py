@@ -129,7 +129,8 @@ def check(model_cfg: transformer.ModelConfig, lora_cfg: LoraConfig) -> None:
         'ratio\'s old log-probs use the full one.')
   if c.quantize not in QUANTIZE_MODES:
     raise ValueError(f'LoraConfig.quantize={c.quantize!r}; known: {QUANTIZE_MODES}.')
-  if isinstance(c.targets, str) or not c.targets:
+  if (not isinstance(c.targets, tuple) or not c.targets
+      or not all(isinstance(p, str) for p in c.targets)):
     raise ValueError(f'LoraConfig.targets={c.targets!r} must be a non-empty tuple of patterns.')
   available = modules(model_cfg)
   for pattern in c.targets:

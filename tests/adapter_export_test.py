@@ -171,6 +171,10 @@ def test_tied_embedding_adapter_refuses_peft_but_exports_merged(tmp_path):
   adapter = _random_adapter(cfg, lora_cfg)
   with pytest.raises(ValueError, match=r"targets 'embed' of a model with tied embeddings"):
     adapter_export.save_peft(tmp_path / 'peft', cfg, adapter, lora_cfg, str(base_path))
+  with pytest.raises(ValueError, match=r"targets 'embed' of a model with tied embeddings"):
+    adapter_export.check_peft(cfg, lora_cfg)  # The same, before any training.
+  adapter_export.check_peft(cfg, lora.LoraConfig(rank=4, alpha=8.0))  # No embed: fine.
+  assert not (tmp_path / 'peft').exists()
   adapter_export.save_merged(tmp_path / 'merged', cfg, params, adapter, lora_cfg)
   tokens_NxT, mask_NxT = _batch(cfg.vocab_size)
   ours = _ours(cfg, lora.merge(params, adapter, cfg, lora_cfg), tokens_NxT, mask_NxT)

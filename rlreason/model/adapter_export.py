@@ -88,6 +88,16 @@ def _target_modules(model_cfg, paths) -> list[str] | str:
   return names + [hf_module_name(p).split('.')[-1] for p in paths if p[0] != 'layers']
 
 
+def check_peft(model_cfg: transformer.ModelConfig, lora_cfg: lora.LoraConfig) -> None:
+  """Raises ValueError if no PEFT adapter can reproduce this LoRA setup (call it at start-up
+  when a PEFT export will be asked for); lora.check's errors too."""
+  if model_cfg.tie_embeddings and ('embed',) in lora.target_paths(model_cfg, lora_cfg):
+    raise ValueError(
+        "save_peft: the adapter targets 'embed' of a model with tied embeddings. Ours changes "
+        "the shared matrix, so the LM head too; PEFT's embedding adapter changes only the input "
+        'lookup, so the PEFT model would compute different logits. Use save_merged.')
+
+
 def save_peft(path, model_cfg: transformer.ModelConfig, adapter: transformer.Params,
               lora_cfg: lora.LoraConfig, base_model_name_or_path: str, *,
               quantized_base: transformer.Params | None = None):
@@ -101,13 +111,8 @@ def save_peft(path, model_cfg: transformer.ModelConfig, adapter: transformer.Par
       was trained on. Its dequantised weights are written (fp32, weights.save) to
       base_model_name_or_path, which must then be a local directory.
   """
-  lora.check(model_cfg, lora_cfg)
+  check_peft(model_cfg, lora_cfg)
   paths = lora.target_paths(model_cfg, lora_cfg)
-  if model_cfg.tie_embeddings and ('embed',) in paths:
-    raise ValueError(
-        "save_peft: the adapter targets 'embed' of a model with tied embeddings. Ours changes "
-        "the shared matrix, so the LM head too; PEFT's embedding adapter changes only the input "
-        'lookup, so the PEFT model would compute different logits. Use save_merged.')
   if lora_cfg.quantize:
     if quantized_base is None:
       raise ValueError(

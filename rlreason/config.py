@@ -308,7 +308,8 @@ def _check_mixed_policy(c, check) -> None:
 _LOOP_LOSS_INPUTS = frozenset({'group_size', 'prefix_mask_NxL', 'behavior_logprobs_NxL',
                                'behaviour_logprobs_NxL', 'turn_ids_NxL', 'num_turns'})
 _LOOP_ESTIMATOR_INPUTS = {'otb': frozenset({'group_size'}), 'gae': frozenset(),
-                          'opo': frozenset({'lengths_BxG'})}
+                          'opo': frozenset({'lengths_BxG'}),
+                          'reinforce_pp_baseline': frozenset({'lengths_BxG'})}
 
 
 def _options_of(fn, *, given, supplied, what, check) -> None:
@@ -330,7 +331,7 @@ def _check_option_values(what, options, check, *, passk=False) -> None:
   from rlreason.objectives import soft_losses
   choices = {'scale': ('group', 'none') if passk else advantages.GRPO_SCALES,
              'nan_rewards': advantages.NAN_REWARDS, 'level': soft_losses.LEVELS,
-             'cap': ('relative', 'absolute')}
+             'cap': ('relative', 'absolute'), 'whiten_over': ('responses', 'tokens')}
   for key, known in choices.items():
     if key in options:
       check(options[key] in known, f'{what}.{key}={options[key]!r}; known: {known}.')

@@ -91,6 +91,22 @@ class GroupEstimatorTest(chex.TestCase):
     fn = self.variant(adv.reinforce_pp_baseline)
     a = fn(rewards_BxG, weights_BxG=lengths_N.reshape(3, 4).astype(np.float32))
     np.testing.assert_allclose(a.reshape(-1), expected_N, rtol=1e-5, atol=1e-5)
+    tokens = self.variant(functools.partial(adv.reinforce_pp_baseline, whiten_over='tokens'))
+    a = tokens(rewards_BxG, lengths_BxG=lengths_N.reshape(3, 4).astype(np.float32))
+    np.testing.assert_allclose(a.reshape(-1), expected_N, rtol=1e-5, atol=1e-5)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_reinforce_pp_baseline_token_whitening_hand_example(self):
+    # Centred c = [[0.5, -0.5], [0, 0]], lengths [[3, 1], [2, 2]] (8 tokens): mean
+    # (1.5 - 0.5) / 8 = 0.125; deviations [0.375, -0.625, -0.125, -0.125]; variance
+    # (3·0.140625 + 0.390625 + 4·0.015625) / 7 = 0.875 / 7 = 0.125, std 0.353553:
+    # A = [[1.060660, -1.767767], [-0.353553, -0.353553]].
+    fn = self.variant(functools.partial(adv.reinforce_pp_baseline, whiten_over='tokens'))
+    a = fn(np.array([[1.0, 0.0], [0.0, 0.0]], np.float32),
+           lengths_BxG=np.array([[3.0, 1.0], [2.0, 2.0]], np.float32))
+    np.testing.assert_allclose(a, [[1.060660, -1.767767], [-0.353553, -0.353553]], rtol=1e-5)
+    with pytest.raises(ValueError, match="whiten_over='tokens'"):
+      adv.reinforce_pp_baseline(np.zeros((1, 2), np.float32), whiten_over='tokens')
 
   @chex.variants(with_jit=True)
   def test_reinforce_pp_baseline_weights_and_invariance(self):

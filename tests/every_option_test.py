@@ -95,6 +95,8 @@ OPTION_CASES = {
                            'objective.advantage_kwargs': {'nan_rewards': 'ignore'}},
     'grpo_passk_unscaled': {'objective.advantage': 'grpo_passk',
                             'objective.advantage_kwargs': {'scale': 'none'}},
+    'reinforce_pp_baseline_tokens': {'objective.advantage': 'reinforce_pp_baseline',
+                                     'objective.advantage_kwargs': {'whiten_over': 'tokens'}},
     'reinforce_pp_gamma': {'objective.advantage': 'reinforce_pp',
                            'objective.advantage_kwargs': {'gamma': 0.9}},
     'otb_zero_tail': {'objective.advantage': 'otb',

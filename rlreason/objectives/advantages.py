@@ -169,6 +169,7 @@ def rloo(rewards_BxG: Array) -> Array:
 
 
 def reinforce_pp_baseline(rewards_BxG: Array, *, weights_BxG: Array | None = None,
+                          whiten_over: str = 'responses', lengths_BxG: Array | None = None,
                           std_ddof: int = 1, eps: float = 1e-8) -> Array:
   """REINFORCE++-baseline: group mean subtracted, then whitened over the batch (arXiv 2501.03262).
 
@@ -176,18 +177,30 @@ def reinforce_pp_baseline(rewards_BxG: Array, *, weights_BxG: Array | None = Non
   m = Σ w c / Σ w and v = Σ w (c - m)^2 / (Σ w - std_ddof) over the whole batch.
   Provenance: as in the reference code of volcengine/verl
   (`compute_reinforce_plus_plus_baseline_outcome_advantage`). verl whitens over valid tokens,
-  i.e. with each response weighted by its length: pass `weights_BxG` = response lengths to
-  reproduce it, a 0/1 validity mask to whiten over responses, or None for equal weights.
+  i.e. with each response weighted by its length: whiten_over='tokens' (weights = lengths_BxG,
+  which the loop supplies) or `weights_BxG` = response lengths reproduce it, a 0/1 validity
+  mask whitens over responses, None (and 'responses') gives equal weights.
   Under jit on a sharded batch the sums are global, so the whitening is over the global batch.
 
   Args:
     rewards_BxG: outcome reward of each response.
     weights_BxG: frequency weights of each response in the batch statistics; weight 0
       excludes a response (its advantage is 0).
+    whiten_over: 'responses' (weights_BxG, or equal weights) or 'tokens' (verl's: weights =
+      lengths_BxG; then weights_BxG must be None).
+    lengths_BxG: trained tokens of each response, read with whiten_over='tokens'.
     std_ddof: Bessel correction of the batch variance (verl: 1, in units of the weights).
     eps: added to the variance inside the square root (verl's masked_whiten).
   """
   rewards_BxG = _checked(rewards_BxG, 'error')
+  if whiten_over == 'tokens':
+    if lengths_BxG is None or weights_BxG is not None:
+      raise ValueError("reinforce_pp_baseline(whiten_over='tokens') weights by lengths_BxG; "
+                       'pass lengths_BxG and no weights_BxG.')
+    weights_BxG = lengths_BxG
+  elif whiten_over != 'responses':
+    raise ValueError(f"reinforce_pp_baseline: whiten_over={whiten_over!r}; known: 'responses', "
+                     "'tokens'.")
   weights_BxG = (jnp.ones_like(rewards_BxG) if weights_BxG is None
                  else jnp.asarray(weights_BxG, jnp.float32))
   centred_BxG = _centre_BxG(rewards_BxG)

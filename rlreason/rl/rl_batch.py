@@ -293,9 +293,9 @@ def advantages_for(run, scores: Scores, stats, batch: TrainBatch, *, progress: f
     adv, returns_NxL = advantages.gae(token_rewards, batch.old_values_NxL, mask_NxL, **kwargs)
   elif o.advantage == 'reinforce_pp':  # Its returns feed no critic: only the advantages.
     adv, _ = advantages.reinforce_pp(token_rewards, mask_NxL, **kwargs)
-  elif o.advantage == 'opo':
+  elif o.advantage in ('opo', 'reinforce_pp_baseline'):  # Both may weigh by response length.
     lengths_BxG = jnp.sum(mask_NxL, -1, dtype=jnp.float32).reshape(rewards.shape)
-    adv = advantages.opo(rewards, lengths_BxG=lengths_BxG, **kwargs)
+    adv = advantages.get_estimator(o.advantage)(rewards, lengths_BxG=lengths_BxG, **kwargs)
   else:
     adv = advantages.get_estimator(o.advantage)(rewards, **kwargs)
   for name in o.transforms:

@@ -1,6 +1,6 @@
 """Memory and time of a LoRA train step against full fine-tuning, same run, random weights.
 
-  python -m experiments.bench.lora                    # mid + Qwen2.5-0.5B shapes: 5m51s, 2 busy cores
+  python -m experiments.bench.lora   # mid + Qwen2.5-0.5B shapes: 5m51s on 2 busy cores
   python -m experiments.bench.lora --configs tiny --steps 1 --warmup 0   # smoke (~20 s)
 
 A step: loss = -mean log pi(token_t+1 | tokens_<=t) over N rows of T random tokens, its gradient

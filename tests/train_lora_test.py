@@ -154,6 +154,14 @@ def test_config_errors_name_the_field(field, value, match):
     config_lib.validate(c, num_devices=jax.device_count())
 
 
+def test_a_peft_export_that_peft_cannot_load_fails_at_build(tmp_path):
+  c = lora_config()
+  c.lora.targets = ('q', 'embed')  # Tied embeddings: PEFT's embedding adapter is input-only.
+  c.export.update(path=str(tmp_path / 'm'), peft_path=str(tmp_path / 'p'))
+  with pytest.raises(ValueError, match='tied embeddings'):
+    run_setup.build(c, str(tmp_path / 'run'))
+
+
 def test_targets_that_match_nothing_fail_at_build_naming_the_modules(tmp_path):
   c = lora_config()
   c.lora.targets = ('q_proj',)

@@ -5,6 +5,9 @@
   weights      Hugging Face safetensors <-> params, streamed into their shardings
   tokenizer    HF tokenizer.json, BPE, sentencepiece, chat templates
   sharding     meshes, logical-axis rule tables, the CPU host split into devices
+  lora         LoRA adapters as a pure transformation of the params (merge), target patterns
+  quantize     int8 / NF4 storage of a frozen base (QLoRA)
+  adapter_export  merged HF checkpoints and PEFT adapter directories
 
 Imports nothing from the other stages.
 """

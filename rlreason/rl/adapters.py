@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import jax
 
+from rlreason.model import adapter_export
 from rlreason.model import lora
 from rlreason.model import sharding
 
@@ -75,6 +76,8 @@ def setup(config, cfg, params, mesh, param_shardings):
   """
   lora_cfg = lora_config(config)
   lora.check(cfg, lora_cfg)
+  if config.export.get('peft_path'):  # Fail now, not after training, if PEFT cannot load it.
+    adapter_export.check_peft(cfg, lora_cfg)
   base = lora.quantize_base(params, cfg, lora_cfg) if lora_cfg.quantize else params
   base_sh = sharding.tree_shardings(jax.eval_shape(lambda: base), lora.base_axes(cfg, lora_cfg),
                                     mesh, sharding.TRAIN_RULES)

@@ -1,4 +1,4 @@
-"""Tool-use demo: SFT a tiny model on a teacher that mostly guesses, then GRPO makes it call.
+"""Tool-use demo: SFT a tiny model on a teacher that mostly misnames its tool, then GRPO.
 
   make demo-tools SEED=0      # both commands below
   python -m rlreason.main --config experiments/demo_tools.py:0 --workdir /tmp/demo_tools
@@ -7,49 +7,35 @@
 
 Task: calc_multiply with 4-digit operands ('What is 4509 * 5603? Use the calculator.'), far
 beyond what a 2-layer model computes in one pass; the 'tags' format, character tokenizer,
-`calculator` tool, exact-match reward. Teacher (envs.tasks.calculator_trace): 30% of traces
-call the calculator ('<call>calculator: {"expression": "4509 * 5603"}</call>', result,
-'#### 25263927'); the rest answer '#### ' + the product with one digit changed. SFT learns
-both; greedy decoding takes the 70% branch ('#' over '<') and is never right, while sampling
-at T=1 calls in ~25% of episodes, which pay when the copies are right. GRPO on the reward
-turns calling into the greedy choice.
+`calculator` tool, exact-match reward. Teacher (envs.tasks.calculator_trace, wrong_tool): in
+30% of traces it calls the calculator ('<call>calculator: {"expression": "4509 * 5603"}</call>',
+the result, '#### 25263927'); in the rest it calls 'calculater', which does not exist, sees
+the environment's error ("Error: unknown tool 'calculater'; available: calculator") and
+answers '#### ' + the product with one digit changed. Every trace copies the operands at the
+same place, so SFT learns the copy from all of them, and the call-or-guess choice is one
+letter ('o' or 'e'). Greedy decoding takes the 70% branch and is never right; sampling at
+T=1 calls the real tool in ~28% of episodes, which then pay. GRPO on the reward makes the
+right name the greedy choice.
 
-Hardware: a 2-core CPU shared with other test runs (load 3-9 throughout; no quiet
-measurement). Measured 2026-12-02 (seed: greedy pass@1 on 500 held-out problems after SFT
--> after GRPO; greedy tool-call rate before -> after; SFT-only continuation's accuracy and
-tool-call rate), 800 SFT steps of 32, GRPO lr 5e-4:
-  40 RL steps (tuning): 0: 0.000 -> 0.710 (0.600 at step 20), calls 0.00 -> 1.00, SFT-only
-  0.000 / 0.00; continued to 80 steps: 0.728 at 60, 0.714 at 80. 1: 0.000 -> 1.000 (1.000
-  at step 20), calls 0.00 -> 1.00, SFT-only 0.000 / 0.00. These two ran side by side under
-  load ~8: rlreason.main 517-520 s, report 153-155 s each (over the 10-minute target; alone
-  and unloaded not measured).
-  80 RL steps (this config): 2: 0.000 -> 0.000 (0 at every eval), calls 0.00 -> 0.00,
-  SFT-only 0.000 / 0.00. Fresh, untuned seeds: 11: 0.000 -> 0.592 (0.532, 0.578, 0.584 at
-  steps 20-60), calls 0.00 -> 1.00, SFT-only 0.000 / 0.00; 12: 0.000 -> 0.756 (0.682,
-  0.660, 0.702), calls 0.00 -> 1.00, SFT-only 0.000 / 0.00. Seeds 2, 11, 12 and seed 0's
-  continuation ran side by side (load 7.5-8.7): rlreason.main 658-732 s (seed 12: 80 RL
-  steps 277 s, of which update 188 s and generation 79 s; evaluations 18 s; the rest SFT and
-  compilation), report 80-211 s. Targets (final >= 0.9, gain >= 0.5, under 10 minutes) met
-  by seed 1 only.
-Failure modes (the warm start's copying, not the decision to call, which GRPO fixed on
-every seed whose calls could earn a reward): seed 2's warm start never learned to copy the
-operands into the call (SFT loss 0.58 at step 800; its sampled calls were all wrong, so
-every group had reward 0 and GRPO had no gradient: 0.000 throughout). Seed 0's calls are
-right but 29% of its answers get the first digit wrong (it writes a head guess of the
-leading digit instead of copying it), and GRPO fixed that only slowly (0.60 -> 0.71 in
-steps 20-80). Seed 11 after GRPO, 256 held-out problems: 61 calls with a wrong operand
-digit, 36 answers with a wrong digit.
-Untried: a longer or larger SFT (more call traces), which costs the time this is over.
-Earlier variants (seed 0 unless said): the teacher writing bare numbers (no '#### '): a
-student's greedy first token was the call's '<' (98-100% of episodes at call_prob 0.25, SFT
-steps 100-400), since a guess's first digit is spread over 1-9; with '#### ' greedy guesses
-whenever call_prob < 0.5 (at 0.4 one eval flipped to 96% calls: too close). 3 layers,
-d=128 (the main demo's model): copying not learned in 300 SFT steps even on 100%-call
-traces, ~0.3-2 s/step; 2 layers, d=64: 67% exact episodes after 200 steps on 100%-call
-traces. Answers left-aligned: GRPO stopped at 0.848 on seed 0 (steps 20-120): every
-7-digit product (17% of them) was copied one place off, all of a group alike, so no
-gradient; right-aligned answers (envs.tasks.calculator_trace right_align) put every answer
-digit at one distance from its digit in the observation.
+Measured 2026-12-02 (greedy pass@1 on 500 held-out problems, warm start -> after 40 GRPO
+steps; the SFT-only continuation trained on as many sequences; tool-call rate = episodes with
+a call that ran without error), on the shared 2-core VM:
+  seed 2: 0.000 -> 1.000 (1.000 from step 10), calls 0.00 -> 1.00, SFT-only 0.000 / 0.00;
+    265 s for main + report (load ~1-2.4: the quietest run).
+  seed 0: 0.000 -> 1.000, calls 0.00 -> 1.00, SFT-only 0.000 / 0.00; 403 s (load 4-7).
+  seed 1: 0.000 -> 0.990 (0.998 at step 10), calls 0.00 -> 1.00, SFT-only 0.000; 763 s.
+  seed 3: 0.000 -> 0.998, calls 0.00 -> 1.00, SFT-only 0.000 / 0.00; 755 s.
+  (seeds 1 and 3 ran at load 6-9 beside test runs and other helpers' benchmarks.)
+`pip install -e .[demo]` into a fresh venv took 148 s under that load. So: targets (final
+>= 0.9, gain >= 0.5, SFT-only within +0.1) met on every seed run; the 10-minute bound is met
+quiet (265 s + install) and missed under load 6-9 (755-763 s + install).
+Why this teacher: with the earlier one (70% of traces answered from the head with no call at
+all), seed 2 never learned to copy the operands (SFT-only probe, call_prob 0.3: no right
+call in 1600 steps; call_prob 1.0: all right after 200), and seeds 0, 11, 12 stopped at
+0.59-0.76 after 80 GRPO steps, their calls or copies of the result wrong by a digit.
+Right-aligned answers (right_align) put every answer digit at one distance from its digit in
+the observation; left-aligned, 7-digit products were copied one place off, all of a group
+alike, so GRPO had no gradient for them.
 """
 
 from rlreason import config as config_lib

@@ -125,3 +125,22 @@ def test_tasks_without_a_test_time_checker_are_refused():
     pot.check_run(fake_run, [gsm])
   with pytest.raises(ValueError, match='env and judge'):
     pot.check_run(types.SimpleNamespace(env=object(), judge=None), [])
+
+
+def test_evaluate_with_pot_adds_both_pass_at_1_and_keeps_the_plain_metrics(tmp_path, capsys):
+  from rlreason.rl import evaluate
+  from rlreason.rl import train
+  c = tiny_config(steps=0)
+  c.sft.steps, c.eval.num_prompts = 0, 3
+  train.train(c, str(tmp_path))  # The step-0 checkpoint.
+  plain = evaluate.evaluate_checkpoint(c, tmp_path, output=str(tmp_path / 'plain.json'))
+  options = dict(steps=1, candidates=2, rank=1, lr=1e-2)
+  with_pot = evaluate.evaluate_checkpoint(c, tmp_path, output=str(tmp_path / 'pot.json'),
+                                          pot_options=options)
+  assert 'pot' not in plain and with_pot['metrics'] == plain['metrics']
+  assert with_pot['pot']['steps'] == 1 and with_pot['num_prompts'] == 3
+  printed = capsys.readouterr().out
+  for key, name in (('pot/pass@1', 'pot_pass_at_1'), ('pot/base_pass@1', 'base_pass_at_1')):
+    assert f'{name}={with_pot["pot"]["metrics"][key]:.4f}' in printed.splitlines()
+  with pytest.raises(ValueError, match='--pot_candidates'):
+    evaluate.evaluate_checkpoint(c, tmp_path, pot_options={**options, 'candidates': 1})

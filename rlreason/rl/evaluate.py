@@ -6,7 +6,10 @@
 restores the newest (or step N's) checkpoint in DIR, samples k completions per held-out
 prompt of the config, prints `pass@1=... pass@k=... mean@k=... maj@k=...`, and writes them
 with the step and settings to FILE (default DIR/eval/step_<N>.json); `--export` also writes
-the policy as a Hugging Face directory. From Python, `evaluate(run, params, ...)` does the
+the policy as a Hugging Face directory. `--pot [--pot_steps 4 --pot_candidates 8 --pot_rank 4
+--pot_lr 1e-2]` also runs PoT (rl/pot.py: test-time GRPO on a transient LoRA adapter per
+problem) on the same held-out prompts and adds greedy pass@1 with and without it
+(`pot_pass_at_1=`, `base_pass_at_1=` lines; "pot" in the JSON). From Python, `evaluate(run, params, ...)` does the
 sampling (the product's sampler) and scoring (the configured verifier pool) and returns the
 metrics; `summarize` is the pure part.
 
@@ -156,11 +159,16 @@ def restore_params(run, *, step: int | None = None, from_best: bool = False):
 
 def evaluate_checkpoint(config, workdir, *, step: int | None = None, from_best: bool = False,
                         k: int = 0, temperature: float | None = None, output: str = '',
-                        export: str = '') -> dict:
-  """The command line's work: restore, evaluate, write the JSON (and export); returns it."""
+                        export: str = '', pot_options: dict | None = None) -> dict:
+  """The command line's work: restore, evaluate, write the JSON (and export); returns it.
+
+  pot_options (steps, candidates, rank, lr): also PoT on the same prompts (rl/pot.py)."""
   import jax
   from rlreason import config as config_lib
+  from rlreason.rl import pot
   from rlreason.rl import run_setup
+  if pot_options is not None:
+    pot.check_options(**pot_options)  # Before the (slow) build: bad flags fail at once.
   workdir = pathlib.Path(workdir)
   config_lib.validate(config, num_devices=jax.device_count())
   k = k or config.eval.k
@@ -171,17 +179,27 @@ def evaluate_checkpoint(config, workdir, *, step: int | None = None, from_best: 
     with jax.set_mesh(run.mesh):  # The params as the loop evaluates them (train shardings).
       metrics = evaluate(run, run.policy(params), k=k, temperature=temperature,
                          rng=run.eval_rng)
+    pot_metrics = None
+    if pot_options is not None:
+      pot_metrics = pot.solve(run, run.policy(params), run.eval_examples,
+                              rng=jax.random.fold_in(run.eval_rng, 1), **pot_options).metrics()
     if export:
       run_setup.export_policy(run, params, export, dtype=config.export.dtype)
   finally:
     run.close()
   result = {'step': step, 'k': k, 'temperature': temperature,
             'num_prompts': len(run.eval_examples), 'metrics': metrics}
+  if pot_metrics is not None:
+    result['pot'] = {**pot_options, 'metrics': pot_metrics}
   output = pathlib.Path(output or workdir / 'eval' / f'step_{step}.json')
   if jax.process_index() == 0:
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=2) + '\n')
   print(f'step={step} ' + ' '.join(f'{name}={v:.4f}' for name, v in metrics.items()))
+  if pot_metrics is not None:  # Greedy, both on the same prompts: PoT's answer and the base's.
+    print(f'pot_pass_at_1={pot_metrics["pot/pass@1"]:.4f}')
+    print(f'base_pass_at_1={pot_metrics["pot/base_pass@1"]:.4f}')
+    print(f'pot_any_candidate={pot_metrics["pot/any_candidate"]:.4f}')
   print(f'wrote {output}')
   return result
 
@@ -199,6 +217,11 @@ if __name__ == '__main__':
   _TEMPERATURE = flags.DEFINE_float('temperature', None, 'Default: config.eval.temperature.')
   _OUTPUT = flags.DEFINE_string('output', '', 'JSON file (default: WORKDIR/eval/step_N.json).')
   _EXPORT = flags.DEFINE_string('export', '', 'Also write the policy as a HF directory here.')
+  _POT = flags.DEFINE_bool('pot', False, 'Also PoT (test-time GRPO on a LoRA adapter).')
+  _POT_STEPS = flags.DEFINE_integer('pot_steps', 4, 'PoT: GRPO updates per problem.')
+  _POT_CANDIDATES = flags.DEFINE_integer('pot_candidates', 8, 'PoT: samples per update.')
+  _POT_RANK = flags.DEFINE_integer('pot_rank', 4, 'PoT: the transient adapter\'s rank.')
+  _POT_LR = flags.DEFINE_float('pot_lr', 1e-2, 'PoT: the adapter\'s Adam learning rate.')
   flags.mark_flags_as_required(['config', 'workdir'])
 
   def _main(argv):
@@ -206,6 +229,9 @@ if __name__ == '__main__':
     absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every file at INFO.
     evaluate_checkpoint(_CONFIG.value, _WORKDIR.value, step=_STEP.value, from_best=_BEST.value,
                         k=_K.value, temperature=_TEMPERATURE.value, output=_OUTPUT.value,
-                        export=_EXPORT.value)
+                        export=_EXPORT.value,
+                        pot_options=dict(steps=_POT_STEPS.value, candidates=_POT_CANDIDATES.value,
+                                         rank=_POT_RANK.value, lr=_POT_LR.value)
+                        if _POT.value else None)
 
   app.run(_main)

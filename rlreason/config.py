@@ -34,15 +34,22 @@ def default() -> ml_collections.ConfigDict:
       source='task',  # 'task' | 'jsonl' | 'parquet'
       task='arithmetic', difficulty=5, task_options={},
       path='', eval_path='', format='gsm8k',  # 'gsm8k' | 'math'
-      held_out_fraction=0.1, prompt_template='{prompt}', prompt_buckets=(32, 64, 128, 256),
+      # Up to 512 prompt tokens, verl's and TRL's max_prompt_length (was (32, ..., 256): the
+      # demo's prompts are short; a shorter prompt still takes the smallest bucket it fits).
+      held_out_fraction=0.1, prompt_template='{prompt}',
+      prompt_buckets=(32, 64, 128, 256, 512),
       # Which prompts a step trains on (prompt_schedule.py): the stream in order, or HeaPA's
       # frontier pool of `pool_size` prompts (+ `fresh_per_step` new ones admitted per step).
       schedule='uniform',  # 'uniform' | 'heapa'
       heapa=dict(pool_size=256, low_fraction=0.5, mode='medium', fresh_per_step=0)))
 
+  # prompts_per_step 64 (was the demo's 16): 64 x G=8 = 512 rollouts a step, as
+  # experiments/grpo_gsm8k.py and verl's GRPO examples (train_batch_size x n >= 512) run.
+  # max_new_tokens 1024 (was 64, the demo's answer length): verl's GSM8K/MATH examples'
+  # response_length; a reasoning chain cut at 64 tokens gets no reward.
   c.rl = ml_collections.ConfigDict(dict(
-      steps=100, prompts_per_step=16, group_size=8, epochs=1, minibatches=1, micro_batches=1,
-      max_new_tokens=64, temperature=1.0, top_k=0, top_p=1.0,
+      steps=100, prompts_per_step=64, group_size=8, epochs=1, minibatches=1, micro_batches=1,
+      max_new_tokens=1024, temperature=1.0, top_k=0, top_p=1.0,
       # The sampler's decode loop in at most this many while_loops (sampler.decode_chunks):
       # more attend to fewer empty KV slots, fewer compile faster.
       decode_chunks=8,
@@ -60,6 +67,7 @@ def default() -> ml_collections.ConfigDict:
       policy_loss='ppo_clip', loss_kwargs={}, aggregation='token_mean',
       kl_coef=0.0, kl_estimator='k3', entropy_coef=0.0, correction='', correction_kwargs={}))
 
+  # lr 1e-6: verl's actor and TRL's GRPOConfig default for full fine-tuning at 0.5B-7B.
   c.optimizer = ml_collections.ConfigDict(dict(
       lr=1e-6, warmup_steps=0, b1=0.9, b2=0.999, weight_decay=0.0, grad_clip=1.0))
 
@@ -85,7 +93,8 @@ def default() -> ml_collections.ConfigDict:
 
   # allow_weak_sandbox: run code-executing verifiers (python_tests, prolog) where the
   # sandbox has only rlimits and an audit hook (no namespaces, no Landlock); refused if False.
-  c.verifier = ml_collections.ConfigDict(dict(name='math', deadline_s=60.0, workers=2,
+  # workers 8 (was 2, this 2-core VM's count): 512 rollouts a step through math-verify.
+  c.verifier = ml_collections.ConfigDict(dict(name='math', deadline_s=60.0, workers=8,
                                               allow_weak_sandbox=False))
 
   # Model-judged step rewards (rlreason/rollout/judge.py), combined with the verifier's reward as
@@ -113,8 +122,12 @@ def default() -> ml_collections.ConfigDict:
       enabled=False, max_tokens=8, rows_per_group=1, refresh_every=0))
 
   # Supervised warm start on reference (or a configured teacher's) solutions before RL.
+  # For fine-tuning a pretrained 0.5B-7B model, as verl's SFT trainer defaults: lr 1e-5 (was
+  # 3e-3, for the demo's random-init model; TRL uses 2e-5), batch 256 sequences (was 64),
+  # gradients clipped at 1.0 (was 0.0; verl's and TRL's), cosine decay to 0 over `steps` (verl's
+  # schedule; the demos set decay=False, which some of their seeds needed).
   c.sft = ml_collections.ConfigDict(dict(
-      steps=0, batch_size=64, lr=3e-3, warmup_steps=50, decay=True, grad_clip=0.0, teacher='',
+      steps=0, batch_size=256, lr=1e-5, warmup_steps=50, decay=True, grad_clip=1.0, teacher='',
       teacher_options={}))
 
   # Multi-turn episodes with tools (rollout/episodes.py, envs/). When enabled, each row is an
@@ -130,6 +143,7 @@ def default() -> ml_collections.ConfigDict:
       max_observation_tokens=128, error_penalty=0.0, deadline_s=10.0, system_prompt='',
       chat_kwargs={}, workers=8, transcripts=16))
 
+  # num_prompts 500: MATH-500's size; a file's eval set is cut to it (GSM8K's test set has 1319).
   c.eval = ml_collections.ConfigDict(dict(every=0, num_prompts=500, k=1, temperature=0.0))
   c.checkpoint = ml_collections.ConfigDict(dict(every=0, keep=3))
   # The final policy as a Hugging Face directory (config.json + safetensors); '' skips it.

@@ -28,12 +28,13 @@ def env_config(steps=2):
                       tie_embeddings=True, family='qwen2', rope_theta=10_000.0)
   c.env.update(enabled=True, tools=('calculator',), family='tags', verifier='exact',
                max_turns=2, max_turn_tokens=12, max_observation_tokens=24, transcripts=3)
-  c.sft.steps, c.sft.batch_size = 2, 8
+  c.sft.steps, c.sft.batch_size, c.sft.lr, c.sft.grad_clip = 2, 8, 3e-3, 0.0
   c.sft.teacher = 'rlreason.envs.tasks:calculator_trace'
   c.sft.teacher_options = {'call_prob': 0.5}
   c.rl.steps, c.rl.prompts_per_step, c.rl.group_size = steps, 4, 2
   c.rl.max_new_tokens, c.rl.minibatches = 40, 2
   c.optimizer.lr = 1e-3
+  c.verifier.workers = 2
   c.eval.every, c.eval.num_prompts = 2, 4
   c.checkpoint.every = 1
   c.mesh = dict(data=1, fsdp=-1, tensor=1)

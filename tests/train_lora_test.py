@@ -31,7 +31,7 @@ def lora_config(steps=2, **lora_fields):
                       num_heads=2, num_kv_heads=1, head_dim=16, qkv_bias=True, qk_norm=False,
                       tie_embeddings=True, family='qwen2', rope_theta=10_000.0)
   c.lora.update(enabled=True, rank=4, alpha=8.0, **lora_fields)
-  c.sft.steps, c.sft.batch_size, c.sft.lr = 2, 8, 1e-2
+  c.sft.steps, c.sft.batch_size, c.sft.lr, c.sft.grad_clip = 2, 8, 1e-2, 0.0
   c.sft.teacher = 'rlreason.tasks.arithmetic:flawed_solution'
   c.rl.steps, c.rl.prompts_per_step, c.rl.group_size = steps, 4, 2
   c.rl.max_new_tokens, c.rl.minibatches = 8, 2

@@ -27,7 +27,7 @@ def tiny_config(steps=2):
   c.model.arch = dict(vocab_size=0, hidden_size=32, intermediate_size=64, num_layers=1,
                       num_heads=2, num_kv_heads=1, head_dim=16, qkv_bias=False, qk_norm=False,
                       tie_embeddings=True, family='qwen2', rope_theta=10_000.0)
-  c.sft.steps, c.sft.batch_size = 2, 8
+  c.sft.steps, c.sft.batch_size, c.sft.lr, c.sft.grad_clip = 2, 8, 3e-3, 0.0
   c.sft.teacher = 'rlreason.tasks.arithmetic:flawed_solution'
   c.rl.steps, c.rl.prompts_per_step, c.rl.group_size = steps, 4, 2
   c.rl.max_new_tokens, c.rl.minibatches = 8, 2

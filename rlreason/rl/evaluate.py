@@ -6,12 +6,12 @@
 restores the newest (or step N's) checkpoint in DIR, samples k completions per held-out
 prompt of the config, prints `pass@1=... pass@k=... mean@k=... maj@k=...`, and writes them
 with the step and settings to FILE (default DIR/eval/step_<N>.json); `--export` also writes
-the policy as a Hugging Face directory. `--pot [--pot_steps 4 --pot_candidates 8 --pot_rank 4
---pot_lr 1e-2]` also runs PoT (rl/pot.py: test-time GRPO on a transient LoRA adapter per
+the policy as a Hugging Face directory. `--pot [--pot_steps 6 --pot_candidates 8 --pot_rank 4
+--pot_lr 3e-3]` also runs PoT (rl/pot.py: test-time GRPO on a transient LoRA adapter per
 problem) on the same held-out prompts and adds greedy pass@1 with and without it
-(`pot_pass_at_1=`, `base_pass_at_1=` lines; "pot" in the JSON). From Python, `evaluate(run, params, ...)` does the
-sampling (the product's sampler) and scoring (the configured verifier pool) and returns the
-metrics; `summarize` is the pure part.
+(`pot_pass_at_1=`, `base_pass_at_1=` lines; "pot" in the JSON). From Python,
+`evaluate(run, params, ...)` does the sampling (the product's sampler) and scoring (the
+configured verifier pool) and returns the metrics; `summarize` is the pure part.
 
 pass@k uses the unbiased estimator of Chen et al. 2021 (arXiv 2107.03374): with n samples
 of which c are correct, pass@k = 1 - C(n - c, k) / C(n, k), averaged over prompts. The
@@ -218,10 +218,10 @@ if __name__ == '__main__':
   _OUTPUT = flags.DEFINE_string('output', '', 'JSON file (default: WORKDIR/eval/step_N.json).')
   _EXPORT = flags.DEFINE_string('export', '', 'Also write the policy as a HF directory here.')
   _POT = flags.DEFINE_bool('pot', False, 'Also PoT (test-time GRPO on a LoRA adapter).')
-  _POT_STEPS = flags.DEFINE_integer('pot_steps', 4, 'PoT: GRPO updates per problem.')
+  _POT_STEPS = flags.DEFINE_integer('pot_steps', 6, 'PoT: GRPO updates per problem.')
   _POT_CANDIDATES = flags.DEFINE_integer('pot_candidates', 8, 'PoT: samples per update.')
   _POT_RANK = flags.DEFINE_integer('pot_rank', 4, 'PoT: the transient adapter\'s rank.')
-  _POT_LR = flags.DEFINE_float('pot_lr', 1e-2, 'PoT: the adapter\'s Adam learning rate.')
+  _POT_LR = flags.DEFINE_float('pot_lr', 3e-3, 'PoT: Adam\'s lr (see experiments/pot_study.py).')
   flags.mark_flags_as_required(['config', 'workdir'])
 
   def _main(argv):

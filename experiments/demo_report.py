@@ -24,7 +24,8 @@ from ml_collections import config_flags
 from rlreason.rl import metrics as metrics_lib
 from rlreason.rl import train
 from rlreason.rl.rl_batch import decode_completions
-from rlreason.rl.run_setup import build, encode_prompts, sft_loop, warm_start_checkpointer
+from rlreason.rl.run_setup import build, encode_prompts, warm_start_checkpointer
+from rlreason.rl.sft import sft_loop
 from rlreason.rollout import sampler
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'experiments/demo.py', 'Demo config.')

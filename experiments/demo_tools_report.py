@@ -30,7 +30,8 @@ from rlreason.rl import checkpoint
 from rlreason.rollout import episodes as episodes_lib
 from rlreason.rl import metrics as metrics_lib
 from rlreason.rl import train
-from rlreason.rl.run_setup import build, sft_loop, warm_start_checkpointer
+from rlreason.rl.run_setup import build, warm_start_checkpointer
+from rlreason.rl.sft import sft_loop
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'experiments/demo_tools.py', 'Demo config.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The workdir of the finished run.')

@@ -8,7 +8,6 @@ Deliberately not here: the RL loop (train.py), per-step batch construction (rl_b
 
 import dataclasses
 import functools
-import importlib
 import logging
 import pathlib
 from typing import Any, Callable
@@ -16,7 +15,6 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import optax
 
 from rlreason import config as config_lib
@@ -362,96 +360,8 @@ def encode_prompts(run: Run, examples) -> Prompts:
   return sampler.prepare_prompts(ids, buckets=run.config.data.prompt_buckets, pad_id=run.pad_id)
 
 
-def teacher_fn(name: str, options) -> Callable:
-  """The SFT teacher: reference solutions, or 'package.module:function'(example, rng=, **opts)."""
-  if not name:
-    return lambda example, rng: example.solution
-  module, attr = name.split(':')
-  fn = getattr(importlib.import_module(module), attr)
-  return lambda example, rng: fn(example, rng=rng, **dict(options))
-
-
-def sft_batch(run: Run, examples, solutions, length: int):
-  """Right-padded prompt+solution+eos rows and the loss mask on solution+eos.
-
-  A solution is a string, or (for tool-use traces) a list of [text, trained] segments: an
-  episode's turns (trained) and its observations (encoded the same way, never trained).
-  """
-  tokens = np.full((len(examples), length), run.pad_id, np.int32)
-  loss_mask = np.zeros((len(examples), length), bool)
-  for i, (ex, sol) in enumerate(zip(examples, solutions)):
-    prompt = run.tok.encode(prompt_text(run, ex))
-    pieces = [[sol, True]] if isinstance(sol, str) else sol
-    ids, trained = list(prompt), [False] * len(prompt)
-    for text, train_it in pieces:
-      piece = run.tok.encode(text)
-      ids += piece
-      trained += [bool(train_it)] * len(piece)
-    ids, trained = (ids + [run.tok.eos_id])[:length], (trained + [True])[:length]
-    tokens[i, :len(ids)] = ids
-    loss_mask[i, :len(ids)] = trained
-  return jnp.asarray(tokens), jnp.asarray(loss_mask)
-
-
 def prompt_text(run: Run, example) -> str:
   """The prompt as the policy sees it: the episode renderer's, or data.prompt_template's."""
   if run.renderer is not None:
     return run.renderer.prompt_text(example)
   return run.config.data.prompt_template.format(prompt=example.prompt)
-
-
-def sft_loop(run: Run, state, *, steps: int, writer=None, solutions=None, seed_offset: int = 0,
-             every: int = 0, on_every: Callable | None = None):
-  """Supervised next-token training on teacher solutions; returns (state, metrics).
-
-  `on_every(steps_done, params)` runs after every `every` steps and after the last one
-  (the baselines' learning curves), with the model's params (`Run.policy`) in the training
-  layout.
-
-  `solutions(examples, rng) -> list[str | None]` overrides the configured teacher (rejection
-  sampling fine-tuning passes verified samples); rows whose solution is None are skipped.
-  `seed_offset` picks another problem stream, so that a continuation does not replay the
-  warm start's problems.
-  """
-  if steps <= 0:
-    return state, {}
-  s = run.config.sft
-  optimizer = make_optimizer(lr=s.lr, warmup_steps=s.warmup_steps, grad_clip=s.grad_clip,
-                             decay_steps=steps if s.decay else 0)
-  teacher = teacher_fn(s.teacher, s.teacher_options)
-  solutions = solutions or (lambda exs, rng: [teacher(ex, rng) for ex in exs])
-  # A copy: the jitted step donates its state, and callers may still hold `state`.
-  sft_state = update.init_state(jax.tree.map(jnp.copy, state.params), optimizer)
-  length = max(run.config.data.prompt_buckets) + run.config.rl.max_new_tokens + 1
-  base = None if run.adapter is None else run.adapter.base
-  step_fn = functools.partial(jax.jit(
-      lambda st, t, m, base: update.sft_step(st, t, m, cfg=run.cfg, optimizer=optimizer,
-                                             to_model=adapters.to_model(run.adapter, base,
-                                                                        run.cfg)),
-      donate_argnums=0), base=base)  # The base is an argument, never a baked-in constant.
-  stream = iter(data.batched(data.synthetic_stream(
-      run.config.data.task, seed=run.config.seed + 7919 + seed_offset, difficulty=run.config.data.difficulty,
-      options=dict(run.config.data.task_options),
-      held_out_fraction=run.config.data.held_out_fraction), s.batch_size))
-  rng = np.random.default_rng([run.config.seed, 1, seed_offset])
-  metrics = {}
-  for i in range(steps):
-    examples = next(stream)
-    sols = solutions(examples, rng)
-    keep = [(ex, sol) for ex, sol in zip(examples, sols) if sol is not None]
-    if not keep:
-      continue
-    # Cycle the kept rows to a full batch: one shape, one compilation.
-    take = [keep[i % len(keep)] for i in range(len(examples))]
-    tokens, mask = sft_batch(run, [ex for ex, _ in take], [sol for _, sol in take], length)
-    sft_state, metrics = step_fn(sft_state, tokens, mask)
-    if writer is not None and (i % 50 == 0 or i == steps - 1):
-      host = writer.write(i - steps, metrics, prefix='sft/')
-      writer.progress(i + 1, host, keys=('sft/loss',), label=f'sft {i + 1}/{steps}')
-    if on_every is not None and every and ((i + 1) % every == 0 or i == steps - 1):
-      on_every(i + 1, run.policy(jax.device_put(sft_state.params, run.state_shardings.params)))
-  # Back in the training layout: the SFT step's outputs carry whatever shardings XLA chose,
-  # and a state in another layout would compile the RL train step a second time.
-  state = state.replace(params=jax.device_put(sft_state.params, run.state_shardings.params))
-  return state, {f'sft/{k}': v for k, v in metrics.items()}
-

@@ -32,7 +32,8 @@ from rlreason.rollout import sampler
 from rlreason.rl.rl_batch import (advantages_for, dynamic_filter, make_train_batch,
                                   provenance_metrics, score, score_episodes, tag_versions,
                                   throughput, zero_variance_fraction)
-from rlreason.rl.run_setup import Run, build, encode_prompts, export_policy, sft_loop
+from rlreason.rl.run_setup import Run, build, encode_prompts, export_policy
+from rlreason.rl.sft import sft_loop
 
 
 @contextlib.contextmanager

@@ -1,0 +1,167 @@
+"""What one RL step needs in memory, by named part: a pure function of the config's shapes.
+
+  est = step_estimate(config, cfg, prompt_len=P, baseline_bytes=b)
+  est['total']  # bytes: baseline + state/* + the largest phase (sample, logprobs, update)
+
+Parts are prefixed by where they live. `state/` is alive for the whole step: the trainable
+params, AdamW's two moments, and the loaded params that `Run.init_params` keeps after
+`init_state` copied them into the TrainState. `sample/` is sampler.memory_estimate (minus the
+params it shares with the state). `logprobs/` is the old log-prob forward over all N rows at
+once (rl_batch.make_train_batch). `update/` is one train_step on a minibatch, its activations
+counted per micro-batch (the scan in update.accumulate_gradients keeps one micro-batch's
+alive at a time), with the remat policy's saved residuals per layer plus one layer's
+recomputed working set. The phases run one after the other, so only the largest counts.
+
+The counts follow the code (transformer.py, attention.py, token_stats.py, update.py); where XLA
+may or may not materialise a buffer (a transposed tied embedding, the zero-initialised
+gradient sum), the part says which way it was counted. tests/memory_estimate_test.py checks
+the arithmetic by hand and the update's parts against XLA's compiled memory analysis.
+
+Deliberately not here: XLA's compile-time memory, the allocator's fragmentation and the
+Python heap (tokenizer, data): measure those, and pass the process's own footprint as
+`baseline_bytes`. LoRA, the critic and episodes are not modelled.
+"""
+
+import numpy as np
+
+from rlreason import config as config_lib
+from rlreason.model import attention
+from rlreason.model import transformer
+from rlreason.rollout import sampler
+
+# completion_stats' defaults (update.py): positions and vocabulary columns per logit chunk.
+TOKEN_CHUNK, VOCAB_CHUNK = 512, 8192
+
+
+def _bytes(dtype: str) -> int:
+  return np.dtype(dtype).itemsize
+
+
+def layer_residuals(cfg: transformer.ModelConfig) -> int:
+  """Bytes per token that one layer's backward needs without remat.
+
+  In compute dtype: the block input x and its norm (2D), the attention's custom-VJP residuals
+  q, k, v and out (2 H Dh + 2 K Dh; the o projection reads `out` itself), the MLP's input and
+  norm (2D), gate_up (2F) and silu(gate) * up (F). In fp32: the two norms' rsqrt (2) and the
+  attention's log-sum-exp per head (H).
+  """
+  c = _bytes(cfg.compute_dtype)
+  d, f, h, k, dh = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
+                    cfg.head_dim)
+  return c * (4 * d + 2 * h * dh + 2 * k * dh + 3 * f) + 4 * (2 + h)
+
+
+def saved_per_layer(cfg: transformer.ModelConfig) -> int:
+  """Bytes per token a layer keeps for the backward under cfg.remat.
+
+  'none': layer_residuals. 'full' (nothing_saveable): the block's input only. 'dots'
+  (dots_with_no_batch_dims_saveable): the input and the outputs of the weight matmuls (q, k,
+  v, o, gate_up, down); attention's einsums have a batch axis and are recomputed.
+  """
+  c = _bytes(cfg.compute_dtype)
+  d, f, h, k, dh = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
+                    cfg.head_dim)
+  if cfg.remat == 'none':
+    return layer_residuals(cfg)
+  if cfg.remat == 'full':
+    return c * d
+  return c * (3 * d + h * dh + 2 * k * dh + 2 * f)
+
+
+def attention_scores(cfg: transformer.ModelConfig, rows: int, length: int, *,
+                     backward: bool) -> int:
+  """fp32 scores of one query block against its keys (attention.py): s and p forward, plus
+  dp and ds backward."""
+  block = attention.block_size(length)
+  return (4 if backward else 2) * rows * cfg.num_heads * block * length * 4
+
+
+def logit_chunk(rows: int, length: int, vocab: int, *, backward: bool) -> int:
+  """fp32 logit chunks of token_stats_from_hidden: z, e and e*d forward (3); backward also
+  the recomputed z, p and dz (3 more)."""
+  k, v = min(TOKEN_CHUNK, rows * length), min(VOCAB_CHUNK, vocab)
+  return (6 if backward else 3) * k * v * 4
+
+
+def step_estimate(config, cfg: transformer.ModelConfig, *, prompt_len: int | None = None,
+                  baseline_bytes: int = 0) -> dict[str, int]:
+  """Bytes by part of one RL step on one device (see the module docstring), and 'total'.
+
+  Args:
+    config: the run's ConfigDict (rl.*, objective.kl_coef, prefix_rollouts).
+    cfg: the model's config (weights.load's or the random arch's), remat included.
+    prompt_len: P, the prompt bucket the step pads to; default the largest bucket.
+    baseline_bytes: the process's own footprint before any array exists (measured).
+  """
+  rl = config.rl
+  if config.lora.enabled or config.critic.enabled or config.env.enabled:
+    raise ValueError('step_estimate models full fine-tuning of single-turn rollouts only.')
+  p = prompt_len or max(config.data.prompt_buckets)
+  b, g = rl.prompts_per_step, rl.group_size
+  n, l = b * g, config_lib.completion_length(config)
+  t = p + l
+  c, pb = _bytes(cfg.compute_dtype), _bytes(cfg.param_dtype)
+  v, d = cfg.vocab_size, cfg.hidden_size
+  params = cfg.num_params() * pb
+  est = {'baseline': baseline_bytes, 'state/params': params, 'state/opt_state': 2 * params,
+         'state/loaded_params': params}
+  if config.objective.kl_coef:
+    est['state/ref_params'] = params
+
+  q = config.prefix_rollouts.max_tokens if config.prefix_rollouts.enabled else 0
+  sample = sampler.memory_estimate(cfg, batch=b, group_size=g, prompt_len=p,
+                                   max_new_tokens=rl.max_new_tokens, prefix_len=q,
+                                   max_chunks=rl.decode_chunks,
+                                   sample_dtype=rl.sample_dtype or None)
+  est.update({f'sample/{k}': x for k, x in sample.items() if k not in ('params', 'total')})
+
+  # Old log-probs: all N rows in one call, no gradient. Two stages, one after the other: the
+  # layers (the residual stream in and out, the MLP's gate_up and hidden, one query block's
+  # scores) and the head (the completion hidden NxLxD and its logit chunks).
+  layers = (n * t * c * (2 * d + 3 * cfg.intermediate_size)
+            + attention_scores(cfg, n, t, backward=False))
+  # The output matrix re-laid out once for the column blocks (XLA's compiled temp holds a VxD
+  # fp32 copy, tied or untied).
+  head = n * l * d * c + logit_chunk(n, l, v, backward=False) + v * d * 4
+  est['logprobs/activations'] = max(layers, head)
+  est['logprobs/outputs'] = 3 * n * l * 4
+
+  # One train_step on a minibatch of N / minibatches rows, micro-batches of m rows.
+  rows = n // rl.minibatches
+  m = rows // rl.micro_batches
+  # The gradient of this micro-batch, and with more than one the scan's running sum (with
+  # one, XLA folds zeros + grads away).
+  est['update/grads'] = params * (2 if rl.micro_batches > 1 else 1)
+  # Tied: the embedding's two gradients (the input gather's scatter and token_stats' fp32
+  # dW of the output matrix) exist side by side before they are summed.
+  est['update/tied_embed_grad'] = v * d * 4 if cfg.tie_embeddings else 0
+  est['update/saved_activations'] = cfg.num_layers * m * t * saved_per_layer(cfg)
+  # The layer being differentiated: its residuals (recomputed under remat) and their
+  # cotangents, about as large again.
+  est['update/layer_working_set'] = 2 * m * t * layer_residuals(cfg)
+  est['update/attention_scores'] = attention_scores(cfg, m, t, backward=True)
+  # Final hidden states, the completion slice and their cotangents.
+  est['update/hidden'] = m * (2 * t + 2 * l) * d * c
+  est['update/logit_chunks'] = logit_chunk(m, l, v, backward=True)
+  # The minibatch's TrainBatch: tokens and mask (NxT), seven NxL per-token fields.
+  est['update/batch'] = rows * (5 * t + 7 * 4 * l)
+
+  phases = {name: sum(x for k, x in est.items() if k.startswith(name + '/'))
+            for name in ('sample', 'logprobs', 'update')}
+  resident = baseline_bytes + sum(x for k, x in est.items() if k.startswith('state/'))
+  est['total'] = resident + max(phases.values())
+  return est
+
+
+def phase_totals(est: dict[str, int]) -> dict[str, int]:
+  """Each phase's own bytes (its parts' sum) from a step_estimate."""
+  names = sorted({k.split('/')[0] for k in est if '/' in k})
+  return {name: sum(x for k, x in est.items() if k.startswith(name + '/')) for name in names}
+
+
+def compiled_peak(compiled) -> int:
+  """XLA's own peak for a compiled executable: arguments + outputs not aliased to them +
+  temporaries (memory_analysis(); a lower bound on what running it holds)."""
+  a = compiled.memory_analysis()
+  return (a.argument_size_in_bytes + a.output_size_in_bytes - a.alias_size_in_bytes
+          + a.temp_size_in_bytes)

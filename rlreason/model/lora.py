@@ -47,6 +47,7 @@ import jax.numpy as jnp
 
 from rlreason.model import quantize
 from rlreason.model import transformer
+from rlreason.model import weights
 
 Params = Any
 QUANTIZE_MODES = ('', 'int8', 'nf4')
@@ -94,16 +95,7 @@ def _quantized_paths(model_cfg, lora_cfg) -> list[tuple[str, ...]]:
   return [path for dotted, (path, _) in modules(model_cfg).items() if dotted.startswith('layers.')]
 
 
-def _get(tree, path):
-  for key in path:
-    tree = tree[key]
-  return tree
-
-
-def _set(tree, path, value):
-  for key in path[:-1]:
-    tree = tree.setdefault(key, {})
-  tree[path[-1]] = value
+_get, _set = weights.tree_get, weights.tree_set
 
 
 def _copy(tree):

@@ -198,13 +198,15 @@ def _tensor_map(cfg: transformer.ModelConfig) -> dict[str, tuple[tuple[str, ...]
   return m
 
 
-def _get(tree, path):
+def tree_get(tree, path):
+  """The leaf (or subtree) of nested dicts at a tuple of keys."""
   for key in path:
     tree = tree[key]
   return tree
 
 
-def _set(tree, path, value):
+def tree_set(tree, path, value):
+  """Writes value at a tuple of keys, creating the dicts on the way (in place)."""
   for key in path[:-1]:
     tree = tree.setdefault(key, {})
   tree[path[-1]] = value
@@ -376,13 +378,13 @@ def load(path, *, shardings=None, mesh=None, rules=None, param_dtype: str = 'flo
   params = {}
   for name, (ours, _, transpose) in tmap.items():
     x = _read_tensor(entries[name])
-    leaf = _get(abstract, ours)
+    leaf = tree_get(abstract, ours)
     # A view (transposes only permute strides); astype makes the one converted copy.
     x = (x.T if transpose else x).reshape(leaf.shape).astype(leaf.dtype, order='C')
-    target = targets if targets is None or isinstance(targets, jax.sharding.Sharding) else _get(
+    target = targets if targets is None or isinstance(targets, jax.sharding.Sharding) else tree_get(
         targets, ours)
     # Wait for the copy so the host buffer is free before the next tensor is read.
-    _set(params, ours, jax.device_put(x, target).block_until_ready())
+    tree_set(params, ours, jax.device_put(x, target).block_until_ready())
     del x
   return cfg, params
 
@@ -444,9 +446,9 @@ def save(path, cfg: transformer.ModelConfig, params: transformer.Params, *, dtyp
 def _check_params(params, tmap, cfg):
   problems, abstract = [], transformer.abstract_params(cfg)
   for ours, _, _ in tmap.values():
-    want = _get(abstract, ours).shape
+    want = tree_get(abstract, ours).shape
     try:
-      got = tuple(_get(params, ours).shape)
+      got = tuple(tree_get(params, ours).shape)
     except (KeyError, TypeError):
       got = 'missing'
     if got != want:
@@ -473,7 +475,7 @@ def _write_file(file: pathlib.Path, names, tmap, params, np_dtype: np.dtype):
       if ours is None:
         x = np.zeros(shape, np_dtype)
       else:
-        x = np.asarray(jax.device_get(_get(params, ours)))  # Gathers one tensor to host.
+        x = np.asarray(jax.device_get(tree_get(params, ours)))  # Gathers one tensor to host.
         x = (x.reshape(shape[::-1]).T if transpose else x.reshape(shape))
         x = x.astype(np_dtype, order='C')
       fh.write(x.reshape(-1).view(np.uint8).data)

@@ -27,7 +27,14 @@ RSS is polled every 20 ms (per-phase peaks); ru_maxrss of the process and of its
 The estimate is rl/memory.step_estimate with the baseline measured after imports and the
 JAX backend's start; the last line is real_shapes_rss_over_estimate = ru_maxrss / estimate.
 
-Measured on the 2-core, 24 GB CPU VM: see the report of issue 20 item 4.
+Measured on the 2-core, 24 GB shared CPU VM (2026-12-02, load average 8-18 from other work,
+`--micro_batches 4`): no complete step. Peak RSS by phase: load 2453 MiB, init 8082 (the
+TrainState copies Run.init_params, which stays alive: 2 GB), sample + verify 9545, old
+log-probs 10620 (XLA temp 1761 MiB; the estimate said ~0.6 GB); the train step compiled in
+85 s with XLA arguments 5654, aliased 5654, temp 9678 MiB (the estimate's update parts:
+~4.8 GB), and the RSS guard stopped it at 15370 MiB. With the default --micro_batches 2 the
+kernel's OOM killer ended it at 18.1 GB anonymous RSS. The step as written needs about
+baseline 0.4 + init_params 1.9 + state 5.5 + XLA temp 9.5 = ~17.3 GiB here.
 """
 
 import argparse

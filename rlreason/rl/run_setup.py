@@ -88,7 +88,8 @@ class Run:
     """
     self.restored = False
     abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                            self._fresh_state(), self.state_shardings)
+                            jax.eval_shape(self.init_state, self.init_params),
+                            self.state_shardings)  # Shapes only: no second state in memory.
     saved_config = self.checkpointer.saved_config()
     if saved_config is not None:  # Before the state: a LoRA state's tree is not a full one's.
       adapters.check_resume(saved_config, self.adapter, self.config)

@@ -368,10 +368,21 @@ def _check_objective(c, check) -> None:
   if loss is not None:
     _options_of(loss, given=dict(o.loss_kwargs), supplied=_LOOP_LOSS_INPUTS,
                 what='objective.loss_kwargs', check=check)
-    if o.policy_loss == 'quatro':
+    if o.policy_loss.startswith('quatro'):
       check('delta' in o.loss_kwargs and 'lam_B' not in o.loss_kwargs,
-            "objective.policy_loss='quatro' needs objective.loss_kwargs.delta (the closed-form "
-            'dual); lam_B (dual ascent) needs per-prompt state the loop does not keep.')
+            f"objective.policy_loss={o.policy_loss!r} needs objective.loss_kwargs.delta (the "
+            'KL radius); lam_B (a λ table keyed by prompt) needs per-prompt state the loop does '
+            "not keep ('quatro_dual_ascent' steps λ from the closed-form dual instead).")
+      if 'delta' in o.loss_kwargs:
+        check(o.loss_kwargs['delta'] > 0,
+              f"objective.loss_kwargs.delta={o.loss_kwargs['delta']} must be > 0.")
+      if 'lam_lr' in o.loss_kwargs:
+        check(o.loss_kwargs['lam_lr'] > 0,
+              f"objective.loss_kwargs.lam_lr={o.loss_kwargs['lam_lr']} must be > 0.")
+      if 'stabilizer' in o.loss_kwargs:
+        known = ('rho_log_rho', 'kl_generator')
+        check(o.loss_kwargs['stabilizer'] in known,
+              f"objective.loss_kwargs.stabilizer={o.loss_kwargs['stabilizer']!r}; known: {known}.")
   if loss is not None:
     _check_option_values('objective.loss_kwargs', dict(o.loss_kwargs), check)
   estimator = advantages.ESTIMATORS.get(o.advantage)

@@ -83,6 +83,8 @@ LOSS_CASES = {
     'ppo_clip': {}, 'gspo': {'objective.aggregation': 'seq_mean_token_mean'}, 'gspo_token': {},
     'cispo': {'objective.loss_kwargs': {'cap': 'relative', 'eps_high': 0.2}},
     'quatro': {'objective.loss_kwargs': {'delta': 0.1}},
+    'quatro_log_target': {'objective.loss_kwargs': {'delta': 0.1}},
+    'quatro_dual_ascent': {'objective.loss_kwargs': {'delta': 0.1, 'lam_lr': 1.0}},
     'sorl': {}, 'prefix_mixed_ppo': {}, 'sapo': {'objective.aggregation': 'seq_mean_token_mean'},
 }
 # Options that select a different formula inside a registered name (the peer options of
@@ -211,6 +213,11 @@ def test_combinations_that_cannot_run_are_rejected_at_start_up(field, value, mat
     ('cispo', {}, "loss_kwargs lacks 'cap', which cispo needs"),
     ('quatro', {}, "'quatro' needs objective.loss_kwargs.delta"),
     ('quatro', {'lam_B': 1.0}, "'quatro' needs objective.loss_kwargs.delta"),
+    ('quatro_log_target', {}, "'quatro_log_target' needs objective.loss_kwargs.delta"),
+    ('quatro_dual_ascent', {'delta': 0.1}, "loss_kwargs lacks 'lam_lr', which quatro_dual_ascent"),
+    ('quatro_dual_ascent', {'delta': 0.1, 'lam_lr': 0.0}, 'loss_kwargs.lam_lr=0.0 must be > 0'),
+    ('quatro_dual_ascent', {'delta': 0.1, 'lam_lr': 1.0, 'stabilizer': 'log'},
+     r"loss_kwargs.stabilizer='log'; known: \('rho_log_rho', 'kl_generator'\)"),
     ('cispo', {'cap': 'absolute', 'max_weight': 5.0, 'level': 'seq'},
      r"loss_kwargs.level='seq'; known: \('token', 'sequence'\)"),
     ('sapo', {'tau_neg': 0.0}, 'loss_kwargs.tau_neg=0.0 must be > 0'),

@@ -26,13 +26,16 @@ ALL_LOSSES = {
     'gspo_dual': dict(dual_clip=3.0),
     'gspo_token': dict(dual_clip=3.0),
     'quatro': dict(group_size=2, delta=0.1),
+    'quatro_log_target': dict(group_size=2, delta=0.1),
+    # δ above the batch's measured KL: λ stays at the flat group's REPS dual, 0.
+    'quatro_dual_ascent': dict(group_size=2, delta=10.0, lam_lr=1.0),
     'is_grpo': dict(group_size=2, reward_std_B=jnp.array([0.5, 1.0]),
                     proposal_std_B=jnp.array([0.5, 1.0])),
     'sorl': dict(turn_ids_NxL=jnp.array([[0, 0, 1, 1, 1]] * 4), num_turns=2),
     'prefix_mixed_ppo': dict(prefix_mask_NxL=jnp.array([[1, 1, 0, 0, 0]] * 4),
                              behavior_logprobs_NxL=jnp.full((4, 5), -1.0)),
 }
-CLIPPED_SURROGATES = [k for k in ALL_LOSSES if k != 'quatro']
+CLIPPED_SURROGATES = [k for k in ALL_LOSSES if not k.startswith('quatro')]
 
 
 def _fn(key):
@@ -490,7 +493,8 @@ class DiagnosticsTest(chex.TestCase):
 
 def test_registry_lists_known_names():
   assert set(losses.POLICY_LOSSES) == {'ppo_clip', 'cispo', 'gspo', 'gspo_token', 'quatro',
-                                       'sorl', 'prefix_mixed_ppo', 'sapo'}
+                                       'quatro_log_target', 'quatro_dual_ascent', 'sorl',
+                                       'prefix_mixed_ppo', 'sapo'}
   assert set(losses.LIBRARY_ONLY) == {'is_grpo'}
   with pytest.raises(KeyError, match='gspo_token'):
     losses.get_policy_loss('grpo')

@@ -111,7 +111,8 @@ class TrustRegionTest(chex.TestCase):
     # lowers lp, back toward ρ = 1; PPO-clip would give 0). With 'kl_generator':
     # ρ(A − λ log ρ) = 0 → 0.
     lp, old = jnp.zeros((1, 1)), -jnp.ones((1, 1))
-    f = self.variant(functools.partial(_token_grad, group_size=1, lam_B=jnp.ones(1)))
+    f = self.variant(functools.partial(_token_grad, group_size=1, lam_B=jnp.ones(1),
+                                       stabilizer='rho_log_rho'))
     np.testing.assert_allclose(f(lp, old, jnp.ones(1), jnp.ones((1, 1))), [[np.e]], rtol=1e-6)
     g = self.variant(functools.partial(_token_grad, group_size=1, lam_B=jnp.ones(1),
                                        stabilizer='kl_generator'))

@@ -11,8 +11,9 @@ or N (broadcast over tokens; rows prompt-major, N = B·G). The result is a loss 
 per token (0 on masked tokens), the per-token weight the aggregation multiplies by (the mask,
 or a reweighted mask), and a dict of scalar diagnostics. Aggregating is a separate step with a
 global denominator (aggregation.py); a KL penalty is added per token (kl.py); QUATRO lives in
-trust_region.py, CISPO and SAPO (no hard clip) in soft_losses.py, the shared ratio helpers in
-ratios.py. `value_loss` is the critic's (PPO with GAE), outside the policy registry.
+trust_region.py (its [I] variants in quatro_variants.py), CISPO and SAPO (no hard clip) in
+soft_losses.py, the shared ratio helpers in ratios.py. `value_loss` is the critic's (PPO with
+GAE), outside the policy registry.
 
 Provenance follows algorithms.md: "paper formula", "as in the reference code of <repo>", or
 "our formalisation (paper not available)" where only abstracts could be read.
@@ -25,6 +26,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from rlreason.objectives import quatro_variants
 from rlreason.objectives import trust_region
 from rlreason.objectives.aggregation import masked_mean
 from rlreason.objectives.loss_diagnostics import ratio_metrics
@@ -325,6 +327,8 @@ POLICY_LOSSES: dict[str, Callable] = {
     'gspo': gspo,
     'gspo_token': gspo_token,
     'quatro': trust_region.quatro,
+    'quatro_log_target': quatro_variants.quatro_log_target,
+    'quatro_dual_ascent': quatro_variants.quatro_dual_ascent,
     'sorl': sorl,
     'prefix_mixed_ppo': prefix_mixed_ppo,
 }

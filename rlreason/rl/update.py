@@ -238,20 +238,30 @@ def _apply_if_finite(state: TrainState, grads, loss, optimizer, *, value_grads=N
   if value_grads is not None:
     metrics['value/grad_norm'] = optax.tree.norm(value_grads)
     finite &= jnp.isfinite(metrics['value/grad_norm'])
-  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  new_state = state.replace(params=keep(params, state.params),
-                            opt_state=keep(opt_state, state.opt_state),
+
+  def apply(parts):
+    params, opt_state, grads, value_params, value_opt_state, value_grads = parts
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    if value_grads is not None:
+      v_updates, value_opt_state = value_optimizer.update(value_grads, value_opt_state,
+                                                          value_params)
+      value_params = optax.apply_updates(value_params, v_updates)
+    return params, opt_state, value_params, value_opt_state
+
+  def skip(parts):
+    params, opt_state, _, value_params, value_opt_state, _ = parts
+    return params, opt_state, value_params, value_opt_state
+
+  # A conditional, not a select between new and old: XLA then never holds both the updated
+  # and the previous params and optimizer state (a select kept ~2 extra copies of them).
+  params, opt_state, value_params, value_opt_state = jax.lax.cond(
+      finite, apply, skip, (state.params, state.opt_state, grads, state.value_params,
+                            state.value_opt_state, value_grads))
+  new_state = state.replace(params=params, opt_state=opt_state, value_params=value_params,
+                            value_opt_state=value_opt_state,
                             step=state.step + finite.astype(jnp.int32),
                             skipped=state.skipped + (~finite).astype(jnp.int32))
-  if value_grads is not None:
-    v_updates, v_opt_state = value_optimizer.update(value_grads, state.value_opt_state,
-                                                    state.value_params)
-    new_state = new_state.replace(
-        value_params=keep(optax.apply_updates(state.value_params, v_updates),
-                          state.value_params),
-        value_opt_state=keep(v_opt_state, state.value_opt_state))
   return new_state, {**metrics, 'skipped_nonfinite': (~finite).astype(jnp.float32)}
 
 

@@ -10,37 +10,21 @@ import numpy as np
 import pytest
 
 from rlreason import config as config_lib
-from rlreason.model import lora
 from rlreason.model import weights
-from rlreason.rl import adapters
 from rlreason.rl import checkpoint
-from rlreason.rl import metrics
 from rlreason.rl import run_setup
 from rlreason.rl import train
 from rlreason.rl.rl_batch import make_train_batch
 from rlreason.rollout import sampler
+from train_test import tiny_config  # tests/ is on sys.path under pytest
 
 
 def lora_config(steps=2, **lora_fields):
-  c = config_lib.default()
-  c.data.task = 'arithmetic'
-  c.data.difficulty = 2
-  c.data.task_options = {'layout': 'columns', 'final_answer': False}
-  c.data.prompt_buckets = (8,)
-  c.model.arch = dict(vocab_size=0, hidden_size=32, intermediate_size=64, num_layers=2,
-                      num_heads=2, num_kv_heads=1, head_dim=16, qkv_bias=True, qk_norm=False,
-                      tie_embeddings=True, family='qwen2', rope_theta=10_000.0)
+  c = tiny_config(steps)  # arithmetic, 8 fake devices; here 2 layers with qkv biases.
+  c.model.arch.update(num_layers=2, qkv_bias=True)
   c.lora.update(enabled=True, rank=4, alpha=8.0, **lora_fields)
-  c.sft.steps, c.sft.batch_size, c.sft.lr, c.sft.grad_clip = 2, 8, 1e-2, 0.0
-  c.sft.teacher = 'rlreason.tasks.arithmetic:flawed_solution'
-  c.rl.steps, c.rl.prompts_per_step, c.rl.group_size = steps, 4, 2
-  c.rl.max_new_tokens, c.rl.minibatches = 8, 2
-  c.optimizer.lr = 1e-2
-  c.verifier.name = 'rlreason.tasks.arithmetic:verify_carry_chain'
-  c.verifier.workers = 1
+  c.sft.lr = c.optimizer.lr = 1e-2  # An adapter from zero moves slowly at full-FT rates.
   c.eval.every, c.eval.num_prompts = 0, 4
-  c.checkpoint.every = 1
-  c.mesh = dict(data=1, fsdp=-1, tensor=1)  # All 8 fake devices: training is sharded.
   return c
 
 

@@ -10,12 +10,12 @@ import pytest
 
 from rlreason import config as config_lib
 from rlreason import episodes as episodes_cli
-from rlreason.rl import checkpoint
 from rlreason.rl import metrics
 from rlreason.rl import run_setup
 from rlreason.rl import train
 from rlreason.rl import update
 from rlreason.rl.rl_batch import make_train_batch
+from train_test import train_preempted_at  # tests/ is on sys.path
 
 
 def env_config(steps=2):
@@ -107,17 +107,9 @@ def test_observation_tokens_get_no_loss_and_no_gradient(tmp_path):
     run.close()
 
 
-def test_resume_with_an_environment_is_bit_exact(tmp_path, monkeypatch):
+def test_resume_with_an_environment_is_bit_exact(tmp_path):
   straight, _ = train.train(env_config(steps=2), str(tmp_path / 'straight'))
-  flag_init = checkpoint.PreemptionFlag.__init__
-
-  def preempted_at_1(self, *a, **kw):
-    flag_init(self, *a, **kw)
-    self.should_stop = lambda step, manager=None: step == 1
-
-  monkeypatch.setattr(checkpoint.PreemptionFlag, '__init__', preempted_at_1)
-  train.train(env_config(steps=2), str(tmp_path / 'resumed'))
-  monkeypatch.setattr(checkpoint.PreemptionFlag, '__init__', flag_init)
+  train_preempted_at(1, env_config(steps=2), str(tmp_path / 'resumed'))
   resumed, _ = train.train(env_config(steps=2), str(tmp_path / 'resumed'))
   chex.assert_trees_all_equal(jax.device_get(resumed.params), jax.device_get(straight.params))
   log = {name: [r for r in metrics.read_jsonl(tmp_path / name / 'metrics.jsonl')

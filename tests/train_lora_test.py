@@ -11,12 +11,11 @@ import pytest
 
 from rlreason import config as config_lib
 from rlreason.model import weights
-from rlreason.rl import checkpoint
 from rlreason.rl import run_setup
 from rlreason.rl import train
 from rlreason.rl.rl_batch import make_train_batch
 from rlreason.rollout import sampler
-from train_test import tiny_config  # tests/ is on sys.path under pytest
+from train_test import tiny_config, train_preempted_at  # tests/ is on sys.path
 
 
 def lora_config(steps=2, **lora_fields):
@@ -81,17 +80,9 @@ def test_the_sampler_samples_the_adapter(tmp_path):
   run.close()
 
 
-def test_resume_is_bit_exact_and_refuses_another_base(tmp_path, monkeypatch):
+def test_resume_is_bit_exact_and_refuses_another_base(tmp_path):
   straight, _ = train.train(lora_config(steps=3), str(tmp_path / 'straight'))
-  flag_init = checkpoint.PreemptionFlag.__init__
-
-  def preempted_at_2(self, *a, **kw):
-    flag_init(self, *a, **kw)
-    self.should_stop = lambda step, manager=None: step == 2
-
-  monkeypatch.setattr(checkpoint.PreemptionFlag, '__init__', preempted_at_2)
-  train.train(lora_config(steps=3), str(tmp_path / 'resumed'))
-  monkeypatch.setattr(checkpoint.PreemptionFlag, '__init__', flag_init)
+  train_preempted_at(2, lora_config(steps=3), str(tmp_path / 'resumed'))
   resumed, _ = train.train(lora_config(steps=3), str(tmp_path / 'resumed'))
   chex.assert_trees_all_equal(jax.device_get(resumed.params), jax.device_get(straight.params))
   chex.assert_trees_all_equal(jax.device_get(resumed.opt_state),

@@ -40,6 +40,19 @@ def tiny_config(steps=2):
   return c
 
 
+def train_preempted_at(step, config, workdir):
+  """train.train(config, workdir) as if SIGTERM arrived during `step`: it saves there, exits."""
+  flag_init = checkpoint.PreemptionFlag.__init__
+
+  def preempted(self, *a, **kw):
+    flag_init(self, *a, **kw)
+    self.should_stop = lambda s, manager=None: s == step
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(checkpoint.PreemptionFlag, '__init__', preempted)
+    return train.train(config, workdir)
+
+
 def test_two_rl_steps_end_to_end(tmp_path, monkeypatch):
   runs = []
   build = train.build
@@ -73,18 +86,10 @@ def mixed_config(steps):
   return c
 
 
-def test_resume_after_preemption_is_bit_exact(tmp_path, monkeypatch):
+def test_resume_after_preemption_is_bit_exact(tmp_path):
   straight, _ = train.train(mixed_config(steps=3), str(tmp_path / 'straight'))
   # First attempt "receives SIGTERM" during step 2: it saves step 2 and exits.
-  flag_init = checkpoint.PreemptionFlag.__init__
-
-  def preempted_at_2(self, *a, **kw):
-    flag_init(self, *a, **kw)
-    self.should_stop = lambda step, manager=None: step == 2
-
-  monkeypatch.setattr(checkpoint.PreemptionFlag, '__init__', preempted_at_2)
-  first, _ = train.train(mixed_config(steps=3), str(tmp_path / 'resumed'))
-  monkeypatch.setattr(checkpoint.PreemptionFlag, '__init__', flag_init)
+  first, _ = train_preempted_at(2, mixed_config(steps=3), str(tmp_path / 'resumed'))
   assert sorted(os.listdir(tmp_path / 'resumed' / 'checkpoints'))[-1] == '2'
   assert sorted(os.listdir(tmp_path / 'resumed' / 'prefix_policy' / 'checkpoints')) == ['2']
   resumed, _ = train.train(mixed_config(steps=3), str(tmp_path / 'resumed'))
@@ -109,18 +114,10 @@ def critic_config(steps):
   return c
 
 
-def test_resume_with_a_critic_is_bit_exact(tmp_path, monkeypatch):
+def test_resume_with_a_critic_is_bit_exact(tmp_path):
   straight, _ = train.train(critic_config(steps=2), str(tmp_path / 'straight'))
   assert np.abs(np.asarray(straight.value_params['kernel'])).max() > 0
-  flag_init = checkpoint.PreemptionFlag.__init__
-
-  def preempted_at_1(self, *a, **kw):
-    flag_init(self, *a, **kw)
-    self.should_stop = lambda step, manager=None: step == 1
-
-  monkeypatch.setattr(checkpoint.PreemptionFlag, '__init__', preempted_at_1)
-  train.train(critic_config(steps=2), str(tmp_path / 'resumed'))
-  monkeypatch.setattr(checkpoint.PreemptionFlag, '__init__', flag_init)
+  train_preempted_at(1, critic_config(steps=2), str(tmp_path / 'resumed'))
   resumed, _ = train.train(critic_config(steps=2), str(tmp_path / 'resumed'))
   for field in ('params', 'opt_state', 'value_params', 'value_opt_state'):
     chex.assert_trees_all_equal(jax.device_get(getattr(resumed, field)),

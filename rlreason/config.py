@@ -140,6 +140,14 @@ def default() -> ml_collections.ConfigDict:
       max_observation_tokens=128, error_penalty=0.0, deadline_s=10.0, system_prompt='',
       chat_kwargs={}, workers=8, transcripts=16))
 
+  # SLATE (rollout/slate.py), with env.enabled: at each of env.max_turns steps, k candidate next
+  # steps from the shared prefix, judged per dimension ('rule': search_qa's rule judge;
+  # 'model': the `judge` block's model, judge.enabled), the continuation drawn from
+  # softmax(A / eta); lambda_bonus is the early-answer bonus. Rows per prompt: rl.group_size =
+  # k * env.max_turns; objective.advantage 'slate' with advantage_kwargs {'k': k}.
+  c.slate = ml_collections.ConfigDict(dict(enabled=False, k=5, eta=0.7, lambda_bonus=0.1,
+                                           judge='rule'))
+
   # num_prompts 500: MATH-500's size; a file's eval set is cut to it (GSM8K's test set has 1319).
   c.eval = ml_collections.ConfigDict(dict(every=0, num_prompts=500, k=1, temperature=0.0))
   c.checkpoint = ml_collections.ConfigDict(dict(every=0, keep=3))

@@ -32,6 +32,7 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
   from rlreason.objectives import aggregation
   from rlreason.objectives import kl
   from rlreason.objectives import losses
+  from rlreason.rollout import slate as slate_lib  # noqa: F401 (registers the 'slate' estimator)
   from rlreason.verifiers import registry
 
   errors = []
@@ -103,6 +104,11 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
     check(bool(c.judge.model), "judge.model is empty; 'policy', an HF dir or 'random-tiny'.")
   _check_objective(c, check)
   _check_correction(c, check)
+  slate = c.get('slate') is not None and c.slate.enabled
+  check(c.objective.advantage != 'slate' or slate,
+        "objective.advantage='slate' reads SLATE's step rows: set slate.enabled.")
+  if slate:
+    _check_slate(c, check)
   if c.env.enabled:
     _check_env(c, check)
   else:
@@ -332,10 +338,42 @@ def _check_env(c, check) -> None:
   check(e.max_turns == 1 or e.max_observation_tokens >= 1,
         f'env.max_observation_tokens={e.max_observation_tokens} must be >= 1.')
   check(e.deadline_s is None or e.deadline_s > 0, f'env.deadline_s={e.deadline_s} must be > 0.')
-  for section in ('hapo', 'prefix_rollouts', 'judge'):
+  slate = c.get('slate') is not None and c.slate.enabled  # Its model judge is `judge`'s.
+  for section in ('hapo', 'prefix_rollouts') + (() if slate else ('judge',)):
     check(not c[section].enabled, f'{section}.enabled does not apply to env episodes (their '
                                   'rows are conversations, not single completions).')
   check(not c.overlong.enabled, 'overlong.enabled does not apply to env episodes.')
+
+
+def _check_slate(c, check) -> None:
+  """SLATE's rows, estimator and judge (rollout/slate.py)."""
+  from rlreason.rollout import episodes
+  s, e, rl, o = c.slate, c.env, c.rl, c.objective
+  check(e.enabled, 'slate.enabled samples the steps of env episodes: set env.enabled and '
+                   'env.tools.')
+  check(isinstance(s.k, int) and s.k >= 1, f'slate.k={s.k!r} must be an integer >= 1.')
+  check(s.eta >= 0, f'slate.eta={s.eta} must be >= 0 (0: the argmax continuation).')
+  check(s.lambda_bonus >= 0, f'slate.lambda_bonus={s.lambda_bonus} must be >= 0.')
+  check(s.judge in ('rule', 'model'), f"slate.judge={s.judge!r}; known: 'rule', 'model'.")
+  if s.judge == 'rule':
+    check(c.data.task == 'search_qa' and tuple(e.tools) == ('search',),
+          "slate.judge='rule' is search_qa's rule judge: data.task='search_qa' and "
+          f"env.tools=('search',), got {c.data.task!r} and {tuple(e.tools)}.")
+  else:
+    check(c.judge.enabled, "slate.judge='model' scores steps with the `judge` block's model: "
+                           'set judge.enabled.')
+  check(rl.group_size == s.k * e.max_turns,
+        f'rl.group_size={rl.group_size} must be slate.k x env.max_turns = '
+        f'{s.k * e.max_turns} (one row per candidate step).')
+  check(o.advantage == 'slate' and dict(o.advantage_kwargs).get('k') == s.k,
+        f"slate.enabled needs objective.advantage='slate' with advantage_kwargs {{'k': {s.k}}}, "
+        f'got {o.advantage!r} with {dict(o.advantage_kwargs)}.')
+  need = episodes.cache_slots(e.max_turns, e.max_turn_tokens, e.max_observation_tokens)
+  check(rl.max_new_tokens >= need,
+        f'rl.max_new_tokens={rl.max_new_tokens} < {need}: a SLATE row holds every earlier step '
+        'and observation plus one candidate (env.max_turns x max_turn_tokens + (max_turns - 1) '
+        'x max_observation_tokens).')
+  check(not rl.dynamic_sampling, 'rl.dynamic_sampling does not apply to SLATE step rows.')
 
 
 def _check_lora(c, check) -> None:

@@ -29,6 +29,7 @@ from rlreason.rl import metrics as metrics_lib
 from rlreason.rl import mixed_policy
 from rlreason.rollout import episodes as episodes_lib
 from rlreason.rollout import sampler
+from rlreason.rollout import slate
 from rlreason.rl.rl_batch import (advantages_for, dynamic_filter, make_train_batch,
                                   provenance_metrics, score, score_episodes, tag_versions,
                                   throughput, zero_variance_fraction)
@@ -50,6 +51,8 @@ def sample_and_verify(run: Run, params, examples, rng, *, step: int, progress: f
   With prefix_rollouts, rows start from an older snapshot's prefix; the schedule records
   the policy's rewards; with hapo, teacher traces then replace some lowest-reward rows.
   """
+  if run.config.slate.enabled:  # SLATE's candidate-step rows (rollout/slate.py).
+    return slate.sample_and_score(run, params, examples, rng, step=step, times=times)
   if run.env is not None:
     return sample_episodes(run, params, examples, rng, step=step, times=times)
   rl, prompts = run.config.rl, encode_prompts(run, examples)

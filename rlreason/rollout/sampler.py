@@ -129,7 +129,8 @@ def generate(params, prompts: Prompts, *, cfg: transformer.ModelConfig, group_si
              prefixes: Prefixes | None = None, cache_dtype: str | None = None,
              mesh: jax.sharding.Mesh | None = None,
              memory_budget_bytes: int | None = None, max_chunks: int = MAX_CHUNKS,
-             sample_dtype: str | None = None) -> Rollout:
+             sample_dtype: str | None = None, row_rng: bool = False,
+             max_new_tokens_N=None) -> Rollout:
   """Samples G completions for each of B prompts.
 
   Args:
@@ -161,9 +162,19 @@ def generate(params, prompts: Prompts, *, cfg: transformer.ModelConfig, group_si
       bf16 dots in f32 (it converts the cast weights back to f32 once, before the loops, and
       the bf16 cache at every step), so on CPU this mode is no faster than fp32
       (experiments/bench/sampler.py); it is meant for TPUs and GPUs.
+    row_rng: False draws step i of every row from one key, fold_in(rng, i) (the default,
+      unchanged). True gives each row its own stream (sampling.row_keys / step_keys): token
+      j of row n depends on (n, j) only, which continuous batching (continuous.py) also
+      uses, so the two samplers draw the same tokens from the same rng.
+    max_new_tokens_N: optional int (N,) per-row limits in [1, max_new_tokens]: row n
+      finishes after that many sampled tokens (truncated_N says whether it stopped on a
+      stop token); the benchmark imposes lengths with it.
   """
   _validate(prompts, cfg, group_size, max_new_tokens, temperature, top_k, top_p, stop_tokens,
             prefixes)
+  if max_new_tokens_N is not None:
+    max_new_tokens_N = check_row_limits(max_new_tokens_N, prompts.tokens_BxP.shape[0] * group_size,
+                                        max_new_tokens)
   if max_chunks < 1:
     raise ValueError(f'max_chunks must be >= 1, got {max_chunks}.')
   if sample_dtype not in (None, 'bfloat16'):
@@ -191,17 +202,33 @@ def generate(params, prompts: Prompts, *, cfg: transformer.ModelConfig, group_si
     rng = jax.device_put(rng, jax.sharding.NamedSharding(mesh, jax.P()))
   fn = _generate_fn(cfg, group_size, max_new_tokens, temperature == 0, int(top_k), float(top_p),
                     tuple(int(t) for t in stop_tokens), int(pad_id), cache_dtype, mesh,
-                    int(max_chunks), sample_dtype)
-  return fn(params, prompts, prefixes, jnp.float32(max(temperature, 1e-6)), rng)
+                    int(max_chunks), sample_dtype, bool(row_rng))
+  if max_new_tokens_N is None:
+    return fn(params, prompts, prefixes, jnp.float32(max(temperature, 1e-6)), rng)
+  return fn(params, prompts, prefixes, jnp.float32(max(temperature, 1e-6)), rng,
+            limit_N=max_new_tokens_N)
+
+
+def check_row_limits(max_new_tokens_N, rows: int, max_new_tokens: int) -> jax.Array:
+  """max_new_tokens_N as int32 (rows,), each in [1, max_new_tokens], or a ValueError."""
+  limits = np.asarray(max_new_tokens_N)
+  if limits.shape != (rows,) or not np.issubdtype(limits.dtype, np.integer):
+    raise ValueError(f'max_new_tokens_N: expected {rows} integer per-row limits (B*G), got '
+                     f'shape {limits.shape} dtype {limits.dtype}.')
+  bad = np.flatnonzero((limits < 1) | (limits > max_new_tokens))
+  if bad.size:
+    raise ValueError(f'max_new_tokens_N: rows {bad[:8].tolist()} are outside [1, '
+                     f'max_new_tokens={max_new_tokens}].')
+  return jnp.asarray(limits, jnp.int32)
 
 
 @functools.lru_cache(maxsize=32)
 def _generate_fn(cfg, group_size, max_new_tokens, greedy, top_k, top_p, stop_tokens, pad_id,
-                 cache_dtype, mesh, max_chunks, sample_dtype=None):
+                 cache_dtype, mesh, max_chunks, sample_dtype=None, row_rng=False):
   return jax.jit(functools.partial(
       _generate, cfg=cfg, group_size=group_size, max_new_tokens=max_new_tokens, greedy=greedy,
       top_k=top_k, top_p=top_p, stop_tokens=stop_tokens, pad_id=pad_id, cache_dtype=cache_dtype,
-      mesh=mesh, max_chunks=max_chunks, sample_dtype=sample_dtype))
+      mesh=mesh, max_chunks=max_chunks, sample_dtype=sample_dtype, row_rng=row_rng))
 
 
 def decode_chunks(steps: int, max_chunks: int, min_chunk: int = 16) -> list[tuple[int, int]]:
@@ -214,9 +241,9 @@ def decode_chunks(steps: int, max_chunks: int, min_chunk: int = 16) -> list[tupl
   return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
 
-def _generate(params, prompts, prefixes, temperature, rng, *, cfg, group_size, max_new_tokens,
-              greedy, top_k, top_p, stop_tokens, pad_id, cache_dtype, mesh, max_chunks,
-              sample_dtype=None):
+def _generate(params, prompts, prefixes, temperature, rng, limit_N=None, *, cfg, group_size,
+              max_new_tokens, greedy, top_k, top_p, stop_tokens, pad_id, cache_dtype, mesh,
+              max_chunks, sample_dtype=None, row_rng=False):
   if sample_dtype is not None:
     # Cast inside the jit, once before prefill and the decode loops (which read the cast
     # copy): the caller's params stay as they are, no bf16 copy outlives the call.
@@ -294,16 +321,22 @@ def _generate(params, prompts, prefixes, temperature, rng, *, cfg, group_size, m
           jnp.zeros((max_new_tokens, n), jnp.float32), jnp.zeros((max_new_tokens, n), jnp.float32))
   outs = tuple(on_rows(x, axis=1) for x in outs)
 
+  if row_rng:
+    keys_N = on_rows(sampling.row_keys(rng, jnp.arange(n)))
+
   def sample(i, logits_NxV, done_N, sampled_N, outs):
-    tok_N, lp_N, blp_N = sampling.next_token(logits_NxV, jax.random.fold_in(rng, i),
-                                             temperature, greedy=greedy, top_k=top_k,
-                                             top_p=top_p)
+    key = (sampling.step_keys(keys_N, jnp.full((n,), i, jnp.int32)) if row_rng
+           else jax.random.fold_in(rng, i))
+    tok_N, lp_N, blp_N = sampling.next_token(logits_NxV, key, temperature, greedy=greedy,
+                                             top_k=top_k, top_p=top_p, per_row_keys=row_rng)
     active_N = ~done_N
     tok_N = jnp.where(active_N, tok_N, pad_id)
     outs = tuple(jax.lax.dynamic_update_index_in_dim(buf_MxN, x_N, i, 0) for buf_MxN, x_N in
                  zip(outs, (tok_N, jnp.where(active_N, lp_N, 0.0),
                             jnp.where(active_N, blp_N, 0.0))))
     done_N = done_N | jnp.any(tok_N[:, None] == stop_S, axis=-1)
+    if limit_N is not None:  # A row at its own limit finishes (its truncation: see below).
+      done_N = done_N | (sampled_N + active_N >= limit_N)
     return tok_N, active_N, done_N, sampled_N + active_N, outs
 
   def body(state):
@@ -321,7 +354,8 @@ def _generate(params, prompts, prefixes, temperature, rng, *, cfg, group_size, m
   for start, stop in decode_chunks(max_new_tokens - 1, max_chunks):
     cache = jax.tree.map(on_rows, transformer.init_cache(cfg, n, stop - start, cache_dtype,
                                                    pos_N=pos_N)).replace(frozen=shared + own)
-    cond = functools.partial(_keep_decoding, stop=stop, early_exit=bool(stop_tokens),
+    cond = functools.partial(_keep_decoding, stop=stop,
+                             early_exit=bool(stop_tokens) or limit_N is not None,
                              check_every=1 if row_shards == 1 else DONE_CHECK_EVERY)
     i, cache, done_N, logits_NxV, sampled_N, outs = jax.lax.while_loop(
         cond, body, (i, cache, done_N, logits_NxV, sampled_N, outs))
@@ -346,10 +380,14 @@ def _generate(params, prompts, prefixes, temperature, rng, *, cfg, group_size, m
 
   # Prefix tokens, then sampled tokens up to and including the stop token.
   mask_NxL = jnp.arange(length) < (q_N + sampled_N)[:, None]
+  truncated_N = ~done_N
+  if limit_N is not None:  # Truncated: no stop token among the row's sampled tokens.
+    sampled_NxL = mask_NxL & ~prefix_mask_NxL
+    truncated_N = ~jnp.any(sampled_NxL & jnp.isin(tokens_NxL, stop_S), axis=1)
   return Rollout(
       prompts=prompts, tokens_NxL=tokens_NxL, mask_NxL=mask_NxL,
       prefix_mask_NxL=prefix_mask_NxL, logprobs_NxL=jnp.where(mask_NxL, logp_NxL, 0.0),
-      behaviour_logprobs_NxL=jnp.where(mask_NxL, blogp_NxL, 0.0), truncated_N=~done_N,
+      behaviour_logprobs_NxL=jnp.where(mask_NxL, blogp_NxL, 0.0), truncated_N=truncated_N,
       lengths_N=mask_NxL.sum(axis=1, dtype=jnp.int32), group_size=group_size)
 
 

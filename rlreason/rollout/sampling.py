@@ -56,7 +56,22 @@ def _first_hit(hit_NxK, ok_NxK):
   return jnp.where(first_N < k_K.size, first_N, last_N)
 
 
-def _categorical(key, weights_NxV):
+def row_keys(rng, rows_N):
+  """Each row's own stream: a key per row index (row n = b*G + g), from one key.
+
+  With `step_keys`, a row's draws depend on (its row index, its token index) only, not on
+  which batch slot or decode step it ran in: continuous batching (continuous.py) and the
+  static sampler's `row_rng=True` then sample the same tokens. Our formalisation.
+  """
+  return jax.vmap(jax.random.fold_in, (None, 0))(rng, rows_N)
+
+
+def step_keys(row_keys_N, index_N):
+  """The key of each row's token `index_N` (sampled tokens counted from 0, prefix excluded)."""
+  return jax.vmap(jax.random.fold_in)(row_keys_N, index_N)
+
+
+def _categorical(key, weights_NxV, *, per_row: bool = False):
   """Samples token i of each row with probability weights[i] / sum(weights) (inverse CDF).
 
   One uniform per row: Gumbel-max (`jax.random.categorical`) draws N*V threefry variates per
@@ -71,7 +86,10 @@ def _categorical(key, weights_NxV):
   w_NxBxK = jnp.pad(weights_NxV, ((0, 0), (0, blocks * block - v))).reshape(n, blocks, block)
   mass_NxB = w_NxBxK.sum(axis=-1)
   cum_NxB = jnp.cumsum(mass_NxB, axis=-1)
-  u_N = jax.random.uniform(key, (n,), jnp.float32) * cum_NxB[:, -1]
+  if per_row:  # key holds N keys (step_keys): row n's uniform comes from its own key.
+    u_N = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(key) * cum_NxB[:, -1]
+  else:
+    u_N = jax.random.uniform(key, (n,), jnp.float32) * cum_NxB[:, -1]
   b_N = _first_hit(cum_NxB > u_N[:, None], mass_NxB > 0)
   before_N = jnp.where(
       b_N > 0, jnp.take_along_axis(cum_NxB, jnp.maximum(b_N - 1, 0)[:, None], -1)[:, 0], 0.0)
@@ -80,8 +98,10 @@ def _categorical(key, weights_NxV):
   return (b_N * block + k_N).astype(jnp.int32)
 
 
-def next_token(logits_NxV, key, temperature, *, greedy, top_k, top_p):
+def next_token(logits_NxV, key, temperature, *, greedy, top_k, top_p, per_row_keys=False):
   """The sampled token per row, its plain tempered log-prob and its behaviour log-prob.
+
+  per_row_keys: `key` is N keys, one per row (`step_keys`), instead of one for all rows.
 
   One pass of exp over the vocabulary serves both log-probs and the sampler: the behaviour
   distribution is the plain one with truncated tokens' weights zeroed (same max, so the same
@@ -99,7 +119,7 @@ def next_token(logits_NxV, key, temperature, *, greedy, top_k, top_p):
     if top_k or top_p < 1.0:
       keep_NxV = jnp.isfinite(truncate_logits(plain_NxV, top_k=top_k, top_p=top_p))
       weights_NxV = jnp.where(keep_NxV, weights_NxV, 0.0)
-    tok_N = _categorical(key, weights_NxV)
+    tok_N = _categorical(key, weights_NxV, per_row=per_row_keys)
   shifted_N = jnp.take_along_axis(plain_NxV, tok_N[:, None], -1)[:, 0] - max_N
   lp_N = shifted_N - log_mass_N
   if greedy:

@@ -1,0 +1,370 @@
+"""Continuous batching: a fixed number of decode slots, refilled from a queue of prompt groups.
+
+  rollout = continuous.generate(params, prompts, cfg=cfg, group_size=8, slots=64,
+                                max_new_tokens=256, rng=key, stop_tokens=(eos,))
+
+The static sampler (sampler.py) decodes all B*G rows together until the longest one stops:
+with heavy-tailed lengths most rows sit finished (masked, but computed) for most steps. Here
+`slots` rows decode at a time. When a row finishes (a stop token, max_new_tokens, or its own
+limit in `max_new_tokens_N`), its slot is free; as soon as G slots are free, the next group
+in the queue (prompts in order b = 0, 1, ...) is admitted: its prompt is prefilled once, its
+G rows' prefixes (if any) after it, and the keys and values are written into the G free
+slots' caches. A group is released whole: it counts as done at the step its last member
+finishes (`Stats.released_B`), and the Rollout holds every group's G rows together, row
+n = b*G + g as in the static sampler's output, which is what the trainer consumes.
+
+Shapes are static: one jit per (prompt bucket, prefix length, G, slots, max_new_tokens,
+sampling options), one `lax.while_loop` over decode steps with an inner while_loop that
+admits groups, so nothing recompiles after the first call (tests/continuous_batching_test.py
+counts backend compilations). Each slot's cache is one read-only segment of P + Q + L - 1
+columns (prompt, prefix, the row's fed tokens): a decode step feeds one token per slot
+through a one-column KVCache that attends to that segment (transformer.KVCache's `frozen`),
+then scatters the new column into the slot's segment at the row's own offset, since rows in
+different slots are at different positions (a KVCache's write index is shared by its rows).
+Attention ignores slot order (RoPE positions travel with the keys), so a row's cache needs
+no particular layout, only its mask.
+
+Random streams: token j of row n is drawn with sampling.step_keys(row_keys(rng, n), j), so a
+row's draws depend on (its group and member index, its token index), never on its slot or
+step; the static sampler with `row_rng=True` uses the same streams, and the two give the same
+tokens and log-probs up to rounding (attention sums in another order). Log-probs are recorded
+as in sampler.py: plain tempered and behaviour (after top-k/top-p).
+
+Our formalisation of continuous batching as in vLLM/Orca (iteration-level scheduling, Yu et
+al., OSDI 2022), without paging: each slot reserves its row's whole length, so the cache is
+slots x (P + Q + L) columns, read in full at every step (the static sampler's decode chunks
+read fewer; sampler.decode_chunks).
+
+Deliberately not here: row sharding over devices (with a mesh, rows are replicated and the
+params' sharding is GSPMD's), multi-process sampling, episodes (rollout/episodes.py), partial
+rollouts across weight updates.
+"""
+
+from collections.abc import Sequence
+import functools
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlreason.model import transformer
+from rlreason.rollout import sampler
+from rlreason.rollout import sampling
+from rlreason.structs import Prefixes, Prompts, Rollout
+
+
+@flax.struct.dataclass
+class Stats:
+  """What the scheduler did (device arrays).
+
+  steps: decode steps run (each one forward of every slot).
+  admitted_B: the step each group's G rows entered their slots.
+  released_B: the step each group's last member sampled its last token.
+  finished_N: the step each row sampled its last token.
+  slot_N: the slot each row ran in.
+  """
+  steps: jax.Array
+  admitted_B: jax.Array
+  released_B: jax.Array
+  finished_N: jax.Array
+  slot_N: jax.Array
+
+
+def memory_estimate(cfg: transformer.ModelConfig, *, slots: int, rows: int, group_size: int,
+                    prompt_len: int, max_new_tokens: int, prefix_len: int = 0,
+                    cache_dtype=None, sample_dtype: str | None = None) -> dict[str, int]:
+  """Bytes of the continuous sampler's large buffers (one device), by part.
+
+  kv_cache: each slot's segment of prompt + prefix + max_new_tokens - 1 columns, and the
+  one-column cache of a step. admission: one prompt's prefill (activations, its cache) and
+  its group's prefix cache. decode_logits: the carried SxV logits and three transients of
+  the sampling step. outputs: the N rows' tokens, log-probs and bookkeeping.
+  """
+  slot_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * np.dtype(
+      cache_dtype or sample_dtype or cfg.compute_dtype).itemsize
+  width = prompt_len + prefix_len + max_new_tokens - 1
+  est = {
+      'params': cfg.num_params() * np.dtype(cfg.param_dtype).itemsize,
+      'kv_cache': slots * (width + 1) * slot_bytes,
+      'admission': (prompt_len * (4 * cfg.hidden_size + 2 * cfg.intermediate_size
+                                  + cfg.num_heads * prompt_len) * 4
+                    + (prompt_len + group_size * prefix_len) * slot_bytes
+                    + group_size * (prefix_len + 1) * cfg.vocab_size * 4),
+      'decode_logits': 4 * slots * cfg.vocab_size * 4,
+      'outputs': rows * (prefix_len + max_new_tokens) * 4 * 4,
+  }
+  if sample_dtype is not None and sample_dtype != cfg.param_dtype:
+    est['sample_params'] = cfg.num_params() * np.dtype(sample_dtype).itemsize
+  est['total'] = sum(est.values())
+  return est
+
+
+def max_slots(budget_bytes: int, cfg: transformer.ModelConfig, **kw) -> int:
+  """The most slots (a multiple of group_size) whose memory_estimate fits budget_bytes."""
+  one = memory_estimate(cfg, slots=1, **kw)['total']
+  per_slot = memory_estimate(cfg, slots=2, **kw)['total'] - one
+  fit = (budget_bytes - (one - per_slot)) // per_slot
+  return max(0, int(fit) // kw['group_size'] * kw['group_size'])
+
+
+def check_slots(slots, *, group_size: int, rows: int) -> None:
+  """ValueError naming `slots` unless it is a positive multiple of group_size, at most rows."""
+  if not isinstance(slots, (int, np.integer)) or isinstance(slots, bool):
+    raise ValueError(f'slots={slots!r} must be an int.')
+  if slots < group_size or slots % group_size:
+    raise ValueError(f'slots={slots} must be a positive multiple of group_size={group_size} '
+                     '(a group is admitted into G slots at once).')
+  if slots > rows:
+    raise ValueError(f'slots={slots} exceeds the B*G={rows} rows of the call; at most {rows}.')
+
+
+def generate(params, prompts: Prompts, *, cfg: transformer.ModelConfig, group_size: int,
+             slots: int, max_new_tokens: int, rng: jax.Array, temperature: float = 1.0,
+             top_k: int = 0, top_p: float = 1.0, stop_tokens: Sequence[int] = (),
+             pad_id: int = 0, prefixes: Prefixes | None = None, cache_dtype: str | None = None,
+             mesh: jax.sharding.Mesh | None = None, memory_budget_bytes: int | None = None,
+             sample_dtype: str | None = None, max_new_tokens_N=None,
+             return_stats: bool = False):
+  """Samples G completions for each of B prompts with `slots` rows decoding at a time.
+
+  Arguments as sampler.generate (which see), plus:
+    slots: rows decoding at once, a multiple of group_size, at most B*G.
+    max_new_tokens_N: optional per-row limits (int (N,), each in [1, max_new_tokens]).
+    return_stats: also return the scheduler's Stats.
+  Random streams are per row (sampler.generate's row_rng=True draws the same tokens).
+
+  Returns:
+    A Rollout (rows b*G + g), or (Rollout, Stats) with return_stats.
+  """
+  sampler._validate(prompts, cfg, group_size, max_new_tokens, temperature, top_k, top_p,
+                    stop_tokens, prefixes)
+  b, p = prompts.tokens_BxP.shape
+  n = b * group_size
+  check_slots(slots, group_size=group_size, rows=n)
+  if sample_dtype not in (None, 'bfloat16'):
+    raise ValueError(f"sample_dtype={sample_dtype!r}; known: None (cfg's dtypes), 'bfloat16'.")
+  if jax.process_count() > 1:
+    raise ValueError('continuous batching samples in one process; use the static sampler '
+                     "(rl.sampler='static') on several hosts.")
+  limit_N = (jnp.full((n,), max_new_tokens, jnp.int32) if max_new_tokens_N is None else
+             sampler.check_row_limits(max_new_tokens_N, n, max_new_tokens))
+  q = 0 if prefixes is None else prefixes.tokens_NxQ.shape[1]
+  if memory_budget_bytes is not None:
+    kw = dict(rows=n, group_size=group_size, prompt_len=p, max_new_tokens=max_new_tokens,
+              prefix_len=q, cache_dtype=cache_dtype, sample_dtype=sample_dtype)
+    est = memory_estimate(cfg, slots=slots, **kw)
+    if est['total'] > memory_budget_bytes:
+      parts = ', '.join(f'{k}={v / 2**20:.1f} MiB' for k, v in est.items())
+      raise ValueError(
+          f'slots={slots}: the continuous sampler memory estimate exceeds memory_budget_bytes='
+          f'{memory_budget_bytes / 2**20:.1f} MiB ({parts}); at most '
+          f'{max_slots(memory_budget_bytes, cfg, **kw)} slots fit. Lower slots (rl.slots), '
+          'max_new_tokens, or use cache_dtype="bfloat16".')
+  if prefixes is not None and prefixes.logprobs_NxQ is None:
+    prefixes = prefixes.replace(logprobs_NxQ=jnp.full(prefixes.tokens_NxQ.shape, jnp.nan))
+  if mesh is not None:  # Fixed (replicated) input layouts: one compilation whatever the caller's.
+    replicated = jax.sharding.NamedSharding(mesh, jax.P())
+    prompts, prefixes, rng, limit_N = jax.device_put((prompts, prefixes, rng, limit_N),
+                                                     replicated)
+  fn = _generate_fn(cfg, group_size, int(slots), max_new_tokens, temperature == 0, int(top_k),
+                    float(top_p), tuple(int(t) for t in stop_tokens), int(pad_id), cache_dtype,
+                    sample_dtype)
+  rollout, stats = fn(params, prompts, prefixes, jnp.float32(max(temperature, 1e-6)), rng,
+                      limit_N)
+  return (rollout, stats) if return_stats else rollout
+
+
+@functools.lru_cache(maxsize=16)
+def _generate_fn(cfg, group_size, slots, max_new_tokens, greedy, top_k, top_p, stop_tokens,
+                 pad_id, cache_dtype, sample_dtype):
+  return jax.jit(functools.partial(
+      _generate, cfg=cfg, group_size=group_size, slots=slots, max_new_tokens=max_new_tokens,
+      greedy=greedy, top_k=top_k, top_p=top_p, stop_tokens=stop_tokens, pad_id=pad_id,
+      cache_dtype=cache_dtype, sample_dtype=sample_dtype))
+
+
+def _admit_group(params, prompts, prefixes, bi, temperature, *, cfg, group_size, cache_dtype,
+                 greedy):
+  """Group bi's prompt prefilled once, then its G rows' prefixes after it (as sampler.py):
+  (keys, values per layer for G rows x (P + Q) columns, mask GxW, pos_G, logits_GxV,
+  prefix plain log-probs GxQ)."""
+  g = group_size
+  p = prompts.tokens_BxP.shape[1]
+  tok_1xP = jax.lax.dynamic_slice_in_dim(prompts.tokens_BxP, bi, 1, 0)
+  mask_1xP = jax.lax.dynamic_slice_in_dim(prompts.mask_BxP, bi, 1, 0)
+  cache = transformer.init_cache(cfg, 1, p, cache_dtype)
+  h_1xPxD, cache = transformer.apply(params, tok_1xP, cfg=cfg, mask_NxT=mask_1xP, cache=cache,
+                                     return_hidden=True)
+  logits_GxV = jnp.repeat(transformer.logits_from_hidden(params, h_1xPxD[:, -1:], cfg=cfg)[:, 0],
+                          g, axis=0)
+  pos_G = jnp.repeat(cache.pos_N, g)
+  rep = lambda x: jnp.repeat(x, g, axis=0)
+  keys = [rep(k) for k in cache.keys]
+  values = [rep(v) for v in cache.values]
+  mask_GxW = rep(cache.mask_NxS)
+  lp_GxQ = None
+  if prefixes is not None:
+    q = prefixes.tokens_NxQ.shape[1]
+    tok_GxQ = jax.lax.dynamic_slice_in_dim(prefixes.tokens_NxQ, bi * g, g, 0)
+    pmask_GxQ = jax.lax.dynamic_slice_in_dim(prefixes.mask_NxQ, bi * g, g, 0).astype(bool)
+    q_G = pmask_GxQ.sum(axis=1, dtype=jnp.int32)
+    pcache = transformer.init_cache(cfg, g, q, cache_dtype, pos_N=pos_G).replace(
+        frozen=(transformer.freeze(cache),))
+    h_GxQxD, pcache = transformer.apply(params, tok_GxQ, cfg=cfg, mask_NxT=pmask_GxQ,
+                                        cache=pcache, return_hidden=True)
+    tempered = (lambda lg: lg) if greedy else (lambda lg: lg / temperature)
+
+    def prefix_logprob(prev_logits_GxV, xs):  # As sampler.py: one position at a time.
+      tok_G, h_GxD = xs
+      nxt_GxV = transformer.logits_from_hidden(params, h_GxD[:, None], cfg=cfg)[:, 0]
+      return nxt_GxV, sampling.token_logprob(tempered(prev_logits_GxV), tok_G)
+
+    _, lp_QxG = jax.lax.scan(prefix_logprob, logits_GxV, (tok_GxQ.T, jnp.swapaxes(h_GxQxD, 0, 1)))
+    lp_GxQ = jnp.where(pmask_GxQ, lp_QxG.T, 0.0)
+    last_G = jnp.maximum(q_G - 1, 0)
+    h_last_GxD = jnp.take_along_axis(h_GxQxD, last_G[:, None, None], axis=1)[:, 0]
+    after_GxV = transformer.logits_from_hidden(params, h_last_GxD[:, None], cfg=cfg)[:, 0]
+    logits_GxV = jnp.where((q_G > 0)[:, None], after_GxV, logits_GxV)
+    pos_G = pcache.pos_N
+    keys = [jnp.concatenate([k, pk.astype(k.dtype)], axis=3) for k, pk in zip(keys, pcache.keys)]
+    values = [jnp.concatenate([v, pv.astype(v.dtype)], axis=2)
+              for v, pv in zip(values, pcache.values)]
+    mask_GxW = jnp.concatenate([mask_GxW, pcache.mask_NxS], axis=1)
+  return keys, values, mask_GxW, pos_G, logits_GxV, lp_GxQ
+
+
+def _generate(params, prompts, prefixes, temperature, rng, limit_N, *, cfg, group_size, slots,
+              max_new_tokens, greedy, top_k, top_p, stop_tokens, pad_id, cache_dtype,
+              sample_dtype):
+  if sample_dtype is not None:  # As sampler.py: cast once inside the jit.
+    cfg = cfg.replace(param_dtype=sample_dtype, compute_dtype=sample_dtype)
+    params = jax.tree.map(lambda x: x.astype(sample_dtype), params)
+  b, p = prompts.tokens_BxP.shape
+  g, s, m = group_size, slots, max_new_tokens
+  n = b * g
+  q = 0 if prefixes is None else prefixes.tokens_NxQ.shape[1]
+  width = p + q + m - 1  # The last sampled token is never fed, so it needs no column.
+  kdt = cache_dtype or cfg.compute_dtype
+  kh, dh = cfg.num_kv_heads, cfg.head_dim
+  stop_S = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
+  rope_table = transformer.rope_table(cfg, p + q + m)
+  row_keys_N = sampling.row_keys(rng, jnp.arange(n))
+  admit_kw = dict(cfg=cfg, group_size=g, cache_dtype=cache_dtype, greedy=greedy)
+  slot_idx = jnp.arange(s)
+
+  state = dict(
+      t=jnp.int32(0), next_b=jnp.int32(0),
+      hist_k=tuple(jnp.zeros((s, kh, dh, width), kdt) for _ in range(cfg.num_layers)),
+      hist_v=tuple(jnp.zeros((s, kh, width, dh), kdt) for _ in range(cfg.num_layers)),
+      hist_mask=jnp.zeros((s, width), bool),
+      row_S=jnp.zeros((s,), jnp.int32), j_S=jnp.zeros((s,), jnp.int32),
+      pos_S=jnp.zeros((s,), jnp.int32), live_S=jnp.zeros((s,), bool),
+      logits_SxV=jnp.zeros((s, cfg.vocab_size), jnp.float32),
+      tok_NxM=jnp.full((n, m), pad_id, jnp.int32), lp_NxM=jnp.zeros((n, m), jnp.float32),
+      blp_NxM=jnp.zeros((n, m), jnp.float32), sampled_N=jnp.zeros((n,), jnp.int32),
+      stopped_N=jnp.zeros((n,), bool), finished_N=jnp.zeros((n,), jnp.int32),
+      slot_N=jnp.zeros((n,), jnp.int32), admitted_B=jnp.zeros((b,), jnp.int32),
+      prefix_lp_NxQ=jnp.zeros((n, q), jnp.float32))
+
+  def can_admit(st):
+    return (st['next_b'] < b) & (jnp.sum(~st['live_S']) >= g)
+
+  def admit(st):
+    bi = st['next_b']
+    keys, values, mask_GxW, pos_G, logits_GxV, lp_GxQ = _admit_group(
+        params, prompts, prefixes, bi, temperature, **admit_kw)
+    slots_G = jnp.nonzero(~st['live_S'], size=g)[0]  # The first G free slots.
+    rows_G = bi * g + jnp.arange(g)
+    st = dict(st)
+    st['hist_k'] = tuple(h.at[slots_G, :, :, :p + q].set(k.astype(kdt))
+                         for h, k in zip(st['hist_k'], keys))
+    st['hist_v'] = tuple(h.at[slots_G, :, :p + q].set(v.astype(kdt))
+                         for h, v in zip(st['hist_v'], values))
+    st['hist_mask'] = st['hist_mask'].at[slots_G].set(
+        jnp.pad(mask_GxW, ((0, 0), (0, width - p - q))))
+    st['row_S'] = st['row_S'].at[slots_G].set(rows_G)
+    st['j_S'] = st['j_S'].at[slots_G].set(0)
+    st['pos_S'] = st['pos_S'].at[slots_G].set(pos_G)
+    st['live_S'] = st['live_S'].at[slots_G].set(True)
+    st['logits_SxV'] = st['logits_SxV'].at[slots_G].set(logits_GxV)
+    st['slot_N'] = st['slot_N'].at[rows_G].set(slots_G)
+    st['admitted_B'] = st['admitted_B'].at[bi].set(st['t'])
+    if lp_GxQ is not None:
+      st['prefix_lp_NxQ'] = jax.lax.dynamic_update_slice_in_dim(st['prefix_lp_NxQ'], lp_GxQ,
+                                                                bi * g, 0)
+    st['next_b'] = bi + 1
+    return st
+
+  def step(st):
+    st = jax.lax.while_loop(can_admit, admit, st)
+    active_S, row_S, j_S = st['live_S'], st['row_S'], st['j_S']
+    keys_S = sampling.step_keys(row_keys_N[row_S], j_S)
+    tok_S, lp_S, blp_S = sampling.next_token(st['logits_SxV'], keys_S, temperature,
+                                             greedy=greedy, top_k=top_k, top_p=top_p,
+                                             per_row_keys=True)
+    tok_S = jnp.where(active_S, tok_S, pad_id)
+    out_row_S = jnp.where(active_S, row_S, n)  # Out of range: dropped.
+    st = dict(st)
+    for name, x_S in (('tok_NxM', tok_S), ('lp_NxM', lp_S), ('blp_NxM', blp_S)):
+      st[name] = st[name].at[out_row_S, j_S].set(x_S, mode='drop')
+    stop_S_hit = jnp.any(tok_S[:, None] == stop_S, axis=-1) & active_S
+    new_j_S = j_S + active_S
+    finish_S = active_S & (stop_S_hit | (new_j_S >= limit_N[row_S]))
+    st['sampled_N'] = st['sampled_N'].at[out_row_S].set(new_j_S, mode='drop')
+    st['stopped_N'] = st['stopped_N'].at[out_row_S].set(stop_S_hit, mode='drop')
+    st['finished_N'] = st['finished_N'].at[jnp.where(finish_S, row_S, n)].set(
+        st['t'], mode='drop')
+    feed_S = active_S & ~finish_S
+    # One token per slot through a one-column cache that attends to the slot's segment.
+    cache = transformer.KVCache(
+        keys=tuple(jnp.zeros((s, kh, dh, 1), kdt) for _ in range(cfg.num_layers)),
+        values=tuple(jnp.zeros((s, kh, 1, dh), kdt) for _ in range(cfg.num_layers)),
+        mask_NxS=jnp.zeros((s, 1), bool), end=jnp.int32(0), pos_N=st['pos_S'],
+        frozen=(transformer.FrozenKV(keys=st['hist_k'], values=st['hist_v'],
+                                     mask_AxS=st['hist_mask']),))
+    logits, cache = transformer.apply(params, tok_S[:, None], cfg=cfg, mask_NxT=feed_S[:, None],
+                                      cache=cache, rope_table=rope_table)
+    col_S = jnp.where(feed_S, p + q + j_S, width)  # Each row's own column; unfed: dropped.
+    st['hist_k'] = tuple(h.at[slot_idx, :, :, col_S].set(k[..., 0], mode='drop')
+                         for h, k in zip(st['hist_k'], cache.keys))
+    st['hist_v'] = tuple(h.at[slot_idx, :, col_S].set(v[:, :, 0], mode='drop')
+                         for h, v in zip(st['hist_v'], cache.values))
+    st['hist_mask'] = st['hist_mask'].at[slot_idx, col_S].set(True, mode='drop')
+    st['pos_S'], st['j_S'], st['live_S'] = cache.pos_N, new_j_S, feed_S
+    st['logits_SxV'] = logits[:, 0]
+    st['t'] = st['t'] + 1
+    return st
+
+  st = jax.lax.while_loop(lambda st: (st['next_b'] < b) | jnp.any(st['live_S']), step, state)
+
+  sampled_N = st['sampled_N']
+  outs = (st['tok_NxM'], st['lp_NxM'], st['blp_NxM'])
+  length = q + m
+  if prefixes is None:
+    tokens_NxL, logp_NxL, blogp_NxL = outs
+    prefix_mask_NxL, q_N = jnp.zeros((n, length), bool), jnp.zeros((n,), jnp.int32)
+  else:  # Prefix columns first, then sampled token j at column q_n + j (as sampler.py).
+    pmask_NxQ = prefixes.mask_NxQ.astype(bool)
+    q_N = pmask_NxQ.sum(axis=1, dtype=jnp.int32)
+    pad = lambda x, v: jnp.pad(x, ((0, 0), (0, m)), constant_values=v)
+    recorded = jnp.where(jnp.isnan(prefixes.logprobs_NxQ), st['prefix_lp_NxQ'],
+                         prefixes.logprobs_NxQ)
+    base = (pad(jnp.where(pmask_NxQ, prefixes.tokens_NxQ, pad_id), pad_id),
+            pad(st['prefix_lp_NxQ'], 0.0), pad(jnp.where(pmask_NxQ, recorded, 0.0), 0.0))
+    prefix_mask_NxL = pad(pmask_NxQ, False)
+    j_NxL = jnp.arange(length)[None, :] - q_N[:, None]
+    from_sample_NxL = (j_NxL >= 0) & (j_NxL < m)
+    pick = lambda x_NxM: jnp.take_along_axis(x_NxM, jnp.clip(j_NxL, 0, m - 1), 1)
+    tokens_NxL, logp_NxL, blogp_NxL = (jnp.where(from_sample_NxL, pick(x), base_x)
+                                       for x, base_x in zip(outs, base))
+  mask_NxL = jnp.arange(length) < (q_N + sampled_N)[:, None]
+  rollout = Rollout(
+      prompts=prompts, tokens_NxL=tokens_NxL, mask_NxL=mask_NxL, prefix_mask_NxL=prefix_mask_NxL,
+      logprobs_NxL=jnp.where(mask_NxL, logp_NxL, 0.0),
+      behaviour_logprobs_NxL=jnp.where(mask_NxL, blogp_NxL, 0.0), truncated_N=~st['stopped_N'],
+      lengths_N=mask_NxL.sum(axis=1, dtype=jnp.int32), group_size=g)
+  stats = Stats(steps=st['t'], admitted_B=st['admitted_B'],
+                released_B=st['finished_N'].reshape(b, g).max(axis=1),
+                finished_N=st['finished_N'], slot_N=st['slot_N'])
+  return rollout, stats

@@ -43,13 +43,18 @@ _JSON_TYPES = {'string': str, 'integer': int, 'number': (int, float), 'boolean':
 
 
 class ToolError(Exception):
-  """A failure the model should see as the tool's answer."""
+  """A failure the model should see as the tool's answer.
 
-  def __init__(self, kind: str, message: str):
+  error_class: the finer class a tool declares for it (the Python exception's name for the
+  python tool, 'SyntaxError' for an expression the calculator cannot parse); a tool lists the
+  classes it reports in its `rollback_errors` attribute, which rollout/rollback.py reads.
+  """
+
+  def __init__(self, kind: str, message: str, error_class: str | None = None):
     super().__init__(message)
     if kind not in ERROR_KINDS:
       raise ValueError(f'ToolError kind {kind!r}; known: {ERROR_KINDS}')
-    self.kind, self.message = kind, message
+    self.kind, self.message, self.error_class = kind, message, error_class
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +80,7 @@ class ToolCall:
 class ToolResult:
   content: str  # what the model sees
   error: str | None = None  # None, or one of ERROR_KINDS
+  error_class: str | None = None  # the tool's finer class of the error (ToolError.error_class)
 
 
 class Tool(Protocol):
@@ -190,7 +196,7 @@ def run_tool(tools: Mapping[str, Tool], sessions: dict[str, Any], call: ToolCall
       raise ToolError(CRASH, f'{call.name} returned {type(content).__name__}, not text')
   except ToolError as e:
     text, _ = truncate(f'Error: {e.message}', max_chars)
-    return ToolResult(text, e.kind)
+    return ToolResult(text, e.kind, e.error_class)
   except Exception as e:  # pylint: disable=broad-except
     text, _ = truncate(f'Error: {call.name} crashed: {type(e).__name__}: {e}', max_chars)
     return ToolResult(text, CRASH)

@@ -150,7 +150,8 @@ def evaluate(expression: str) -> str:
   try:
     tree = ast.parse(expression.strip(), mode='eval')
   except SyntaxError as e:
-    raise base.ToolError(base.BAD_ARGUMENTS, f'calculator: cannot parse: {e.msg}') from None
+    raise base.ToolError(base.BAD_ARGUMENTS, f'calculator: cannot parse: {e.msg}',
+                         error_class='SyntaxError') from None
   except (RecursionError, MemoryError, ValueError):
     raise base.ToolError(base.BAD_ARGUMENTS, 'calculator: cannot parse the expression') from None
   try:
@@ -160,7 +161,10 @@ def evaluate(expression: str) -> str:
 
 
 class Calculator:
-  """Stateless: `new_session` returns None."""
+  """Stateless: `new_session` returns None. An expression Python cannot parse is its one
+  declared error class, 'SyntaxError' (CLEANER's rollback retries it, rollout/rollback.py)."""
+
+  rollback_errors = ('SyntaxError',)
 
   spec = base.ToolSpec(
       name='calculator',

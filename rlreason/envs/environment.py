@@ -6,8 +6,9 @@
 
 A turn with tool calls gets one tool message per call (results in call order; a call that
 could not be parsed, named an unknown tool or failed gets an error message instead, counted
-by kind in `state.errors`), and the episode goes on. A turn without any call (or anything
-that looked like one) is the final answer: the verifier scores it against the example's
+by kind in `state.errors`; info['error_classes'] lists (tool, the tool's error class or None,
+the message) per failed call, for CLEANER's rollback), and the episode goes on. A turn
+without any call (or anything that looked like one) is the final answer: the verifier scores it against the example's
 gold answer, and the episode is done. An episode that reaches `max_turns` turns of calls
 ends truncated with reward 0. The reward is the final answer's only: per-call shaping is
 `error_penalty` per failed call, 0 by default. Every call has `deadline_s` seconds
@@ -81,7 +82,7 @@ class ToolEnvironment:
     calls, errors = self.format.parse_calls(turn_text)
     if not calls and not errors:
       return self._finish(state, turn_text)
-    messages, failed = [], 0
+    messages, failed, classes = [], 0, []
     for error in errors:
       state.errors[base.MALFORMED] += 1
       failed += 1
@@ -94,6 +95,7 @@ class ToolEnvironment:
       if result.error:
         state.errors[result.error] += 1
         failed += 1
+        classes.append((call.name, result.error_class, result.content))
       messages.append(self.format.tool_message(result.content, call))
     reward = -self.error_penalty * failed
     if state.turns >= self.max_turns:
@@ -101,7 +103,8 @@ class ToolEnvironment:
     state.reward += reward
     return base.Step(observation='\n'.join(m['content'] for m in messages), reward=reward,
                      done=state.done, info={'messages': messages, 'calls': len(calls),
-                                            'failed': failed, 'truncated': state.truncated})
+                                            'failed': failed, 'truncated': state.truncated,
+                                            'error_classes': classes})
 
   def _finish(self, state: EpisodeState, turn_text: str) -> base.Step:
     item = {'completion': turn_text, 'answer': state.example.answer}

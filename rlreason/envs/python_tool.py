@@ -26,6 +26,11 @@ MAX_CELLS = 20
 MAX_CELL_CHARS = 20_000
 TRACEBACK_LINES = 6
 LIMITS = sandbox.Limits(cpu_s=2, wall_s=4.0, output_bytes=16 << 10)
+# The error classes CLEANER's rollback retries by default (rollout/rollback.py): the exception
+# names its first author's code matches (github Tianshi-Xu/Open-AgentRL @85606f8,
+# verl/verl/experimental/agent_loop/tool_agent_loop.py, `rollback_on_errors`).
+ROLLBACK_ERRORS = ('ImportError', 'ModuleNotFoundError', 'SyntaxError', 'IndentationError',
+                   'NameError')
 _RAISED_EXIT, _REPLAY_EXIT = 3, 4
 
 # Runs as the sandbox's main.py; cells.json holds {"history": [...], "cell": "..."}.
@@ -108,12 +113,21 @@ def _traceback(stderr: str, nonce: str) -> str:
   return '\n'.join(lines[-TRACEBACK_LINES:])
 
 
+def exception_name(traceback_text: str) -> str | None:
+  """The raised exception's class name: what precedes ':' on the traceback's last line."""
+  lines = traceback_text.strip().splitlines()
+  name = lines[-1].split(':', 1)[0].strip() if lines else ''
+  return name if name.isidentifier() else None
+
+
 def _with_note(stdout: str, truncated: bool) -> str:
   return stdout + (f'\n...[output cut at {LIMITS.output_bytes} bytes]' if truncated else '')
 
 
 class PythonTool:
   """Runs one cell per call; see the module docstring for how state survives between calls."""
+
+  rollback_errors = ROLLBACK_ERRORS
 
   spec = base.ToolSpec(
       name='python',
@@ -148,9 +162,9 @@ class PythonTool:
       raise base.ToolError(base.CRASH, f'python: sandbox refused: {result.detail}')
     if result.status == 'error' and result.exit_code == _RAISED_EXIT:
       out = _with_note(result.stdout, result.truncated)
-      raise base.ToolError(base.TOOL_FAILED,
-                           (out.rstrip() + '\n' if out.strip() else '') +
-                           _traceback(result.stderr, nonce))
+      trace = _traceback(result.stderr, nonce)
+      raise base.ToolError(base.TOOL_FAILED, (out.rstrip() + '\n' if out.strip() else '') + trace,
+                           error_class=exception_name(trace))
     if result.status == 'error' and result.exit_code == _REPLAY_EXIT:
       line = result.stderr[result.stderr.rfind(f'{nonce} replay'):].split('\n', 1)[0]
       session.history.clear()

@@ -27,7 +27,8 @@ an episode batch compiles once per prompt bucket, whatever the number of turns.
 
 Deliberately not here: a paged or per-turn segmented cache (every decode step reads the
 row's whole cache), asynchronous tool calls overlapping decoding, rewriting earlier turns
-(Qwen3's template drops old reasoning when re-rendering; the episode keeps what was sampled).
+(Qwen3's template drops old reasoning when re-rendering; the episode keeps what was sampled),
+and CLEANER's rollback of failed calls, which hooks in here (rollback.py).
 """
 
 from collections.abc import Sequence
@@ -43,6 +44,7 @@ import numpy as np
 
 from rlreason.model import sharding
 from rlreason.model import transformer
+from rlreason.rollout import rollback as rollback_lib
 from rlreason.rollout import sampler
 from rlreason.rollout import sampling
 from rlreason.structs import Prompts, Rollout
@@ -73,6 +75,7 @@ class Episodes:
   observation_tokens_N: np.ndarray  # int32
   truncated_N: np.ndarray  # bool: ended by the token budget or max_turns
   transcripts: list[list[dict]]  # per episode: {'turn', 'text', 'observation', 'reward', ...}
+  rollback: rollback_lib.Stats | None = None  # with `rollback` settings (CLEANER, rollback.py)
 
   @property
   def rewards_BxG(self) -> np.ndarray:
@@ -110,6 +113,7 @@ def metrics(episodes: Episodes) -> dict[str, float]:
   }
   for kind, count_N in episodes.errors_N.items():
     out[f'episodes/tool_errors/{kind}_mean'] = float(count_N.mean())
+  out.update(rollback_lib.metrics(episodes))
   return out
 
 
@@ -127,8 +131,10 @@ def run_episodes(params, env, renderer, tok, examples: Sequence[Any], *, cfg, gr
                  max_total_tokens: int, rng: jax.Array, prompt_buckets: Sequence[int],
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                  pad_id: int = 0, stop_seqs: Sequence[Sequence[int]] | None = None,
-                 cache_dtype: str | None = None, mesh=None, max_workers: int = 8) -> Episodes:
-  """Runs G episodes per example to their end; see the module docstring."""
+                 cache_dtype: str | None = None, mesh=None, max_workers: int = 8,
+                 rollback: rollback_lib.Settings | None = None) -> Episodes:
+  """Runs G episodes per example to their end; see the module docstring. With `rollback`,
+  failed calls of its error classes are replaced by their corrections (rollback.py)."""
   if max_turns < 1 or max_turn_tokens < 1 or max_total_tokens < 1:
     raise ValueError(f'max_turns={max_turns}, max_turn_tokens={max_turn_tokens} and '
                      f'max_total_tokens={max_total_tokens} must be >= 1.')
@@ -143,6 +149,10 @@ def run_episodes(params, env, renderer, tok, examples: Sequence[Any], *, cfg, gr
   prompts = sampler.prepare_prompts(prompt_ids, buckets=prompt_buckets, pad_id=pad_id)
   n = len(examples) * group_size
   slots = cache_slots(max_turns, max_turn_tokens, max_observation_tokens)
+  if rollback is not None:
+    slots += rollback_lib.extra_slots(rollback, max_turns=max_turns,
+                                      max_turn_tokens=max_turn_tokens,
+                                      max_observation_tokens=max_observation_tokens)
   static = dict(cfg=cfg, group_size=group_size, length=max_total_tokens, slots=slots,
                 pad_id=int(pad_id), cache_dtype=cache_dtype, mesh=mesh)
   if mesh is not None:
@@ -161,8 +171,13 @@ def run_episodes(params, env, renderer, tok, examples: Sequence[Any], *, cfg, gr
   transcripts = [[] for _ in range(n)]
   count = np.zeros(n, np.int32)
   pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, max_workers))
+  tracker = None if rollback is None else rollback_lib.Tracker(
+      rollback, n=n, length=max_total_tokens, env=env, tok=tok, renderer=renderer,
+      fit=_fit_observation, observation_width=max_observation_tokens, turn_width=max_turn_tokens,
+      eos=eos, pool=pool, cfg=cfg, pad_id=pad_id, greedy=temperature == 0)
   try:
     for turn in range(max_turns):
+      saved = rollback_lib.save(state) if tracker else None
       state = decode(params, state, jnp.asarray(live), jnp.int32(turn), temp,
                      jax.random.fold_in(rng, turn))
       tokens = np.asarray(jax.device_get(state.tokens_NxL))
@@ -170,12 +185,21 @@ def run_episodes(params, env, renderer, tok, examples: Sequence[Any], *, cfg, gr
       rows = np.flatnonzero(live)
       turn_ids = [tokens[r, count[r]:new_count[r]].tolist() for r in rows]
       texts = tok.decode_batch(turn_ids, skip_special_tokens=True)
+      snapshots = [rollback_lib.copy_state(states[r]) for r in rows] if tracker else None
       steps = list(pool.map(lambda a: env.step(states[a[0]], a[1]), zip(rows, texts)))
+      if tracker and turn < max_turns - 1:
+        state, turn_ids, texts, steps = tracker.retry(
+            params, state, saved, turn=turn, rows=rows, turn_ids=turn_ids, texts=texts,
+            steps=steps, snapshots=snapshots, states=states, count=count, decode=decode,
+            observe=observe, temperature=temp, rng=rng)
+        new_count = np.asarray(jax.device_get(state.count_N))
       obs = np.zeros((n, max_observation_tokens), np.int32)
       obs_mask = np.zeros((n, max_observation_tokens), bool)
       for r, ids, text, step in zip(rows, turn_ids, texts, steps):
         entry = {'turn': turn, 'text': text, 'tokens': len(ids), 'reward': step.reward,
                  **{k: v for k, v in step.info.items() if k != 'messages'}}
+        if tracker and turn in tracker.attempts[r]:
+          entry['rollbacks'] = tracker.attempts[r][turn]
         transcripts[r].append(entry)
         at_budget = new_count[r] >= max_total_tokens
         if step.done or at_budget or turn == max_turns - 1:
@@ -206,13 +230,17 @@ def run_episodes(params, env, renderer, tok, examples: Sequence[Any], *, cfg, gr
       behaviour_logprobs_NxL=state.blogp_NxL, truncated_N=jnp.asarray(truncated),
       lengths_N=state.count_N, group_size=group_size, loss_mask_NxL=state.sampled_NxL & mask_NxL,
       turn_NxL=state.turn_NxL)
+  stats = tracker.stats() if tracker else None
+  if stats is not None:
+    rollout = tracker.tag(rollout, stats)
   kinds = sorted({k for s in states for k in s.errors})
   return Episodes(
       rollout=rollout, rewards_N=np.array([s.reward for s in states], np.float32),
       turns_N=np.array([s.turns for s in states], np.int32),
       tool_calls_N=np.array([s.tool_calls for s in states], np.int32),
       errors_N={k: np.array([s.errors[k] for s in states], np.int32) for k in kinds},
-      observation_tokens_N=obs_tokens, truncated_N=truncated, transcripts=transcripts)
+      observation_tokens_N=obs_tokens, truncated_N=truncated, transcripts=transcripts,
+      rollback=stats)
 
 
 def _fit_observation(tok, renderer, messages, ended: bool, width: int) -> list[int]:

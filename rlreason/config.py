@@ -139,6 +139,15 @@ def default() -> ml_collections.ConfigDict:
       enabled=False, tools=(), family='tags', verifier='exact', max_turns=4, max_turn_tokens=64,
       max_observation_tokens=128, error_penalty=0.0, deadline_s=10.0, system_prompt='',
       chat_kwargs={}, workers=8, transcripts=16))
+  # CLEANER's rollback while collecting training episodes (rollout/rollback.py): a call failing
+  # with one of its tool's error classes (error_classes: tool -> class names; a tool left out
+  # keeps its declared default) is regenerated after a masked feedback turn and replaces the
+  # failed one, at most max_retries times per turn. replacement 'saar': SAAR's similarity switch
+  # (our formalisation), shallow when the calls' difflib ratio >= saar_threshold. feedback: the
+  # text with '{errors}' ('' : the reference code's). Evaluation episodes never roll back.
+  c.env.rollback = ml_collections.ConfigDict(dict(
+      enabled=False, max_retries=3, error_classes={}, replacement='deep', saar_threshold=0.5,
+      feedback=''))
 
   # SLATE (rollout/slate.py), with env.enabled: at each of env.max_turns steps, k candidate next
   # steps from the shared prefix, judged per dimension ('rule': search_qa's rule judge;

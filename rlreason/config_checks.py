@@ -104,6 +104,8 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
     check(bool(c.judge.model), "judge.model is empty; 'policy', an HF dir or 'random-tiny'.")
   _check_objective(c, check)
   _check_correction(c, check)
+  check(c.env.enabled or not c.env.rollback.enabled,
+        'env.rollback.enabled needs env.enabled (it rewrites tool-using episodes).')
   slate = c.get('slate') is not None and c.slate.enabled
   check(c.objective.advantage != 'slate' or slate,
         "objective.advantage='slate' reads SLATE's step rows: set slate.enabled.")
@@ -343,6 +345,10 @@ def _check_env(c, check) -> None:
     check(not c[section].enabled, f'{section}.enabled does not apply to env episodes (their '
                                   'rows are conversations, not single completions).')
   check(not c.overlong.enabled, 'overlong.enabled does not apply to env episodes.')
+  if e.rollback.enabled:
+    from rlreason.rollout import rollback
+    for error in rollback.config_errors(e.rollback, tools=tuple(e.tools), max_turns=e.max_turns):
+      check(False, error)
 
 
 def _check_slate(c, check) -> None:

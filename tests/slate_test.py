@@ -49,8 +49,8 @@ def test_step_reward_and_advantage_on_a_fixed_tuple():
 def test_one_candidate_has_zero_advantage_and_the_estimator_splits_steps():
   np.testing.assert_array_equal(slate.step_advantages(np.array([[3.0], [-2.5]])), 0.0)
   np.testing.assert_array_equal(slate.slate_advantages(jnp.array([[1.0, -1.0, 2.0]]), k=1), 0.0)
-  # G = 2 steps x k = 2: each step's pair gives ±1/√2 / (√2 + 1e-6)... i.e. ±(1/√2)/√2·... :
-  # r = (1, 3): mean 2, unbiased std √2, A = ±1/(√2 + 1e-6); r = (0, 0): A = 0.
+  # G = 2 steps x k = 2, each step on its own: r = (1, 3): mean 2, r - mean = ±1, unbiased
+  # std √2, A = ±1/(√2 + 1e-6); r = (0, 0): A = 0.
   adv = np.asarray(slate.slate_advantages(jnp.array([[1.0, 3.0, 0.0, 0.0]]), k=2))
   a = 1 / (np.sqrt(2) + 1e-6)
   np.testing.assert_allclose(adv, [[-a, a, 0.0, 0.0]], atol=1e-6)

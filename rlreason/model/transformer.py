@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlreason.model import attention
+from rlreason.model import rollout_head
 
 Params = Any  # nested dict of arrays, as returned by init_params.
 
@@ -419,7 +420,7 @@ def apply(params: Params, tokens_NxT, *, cfg: ModelConfig, mask_NxT=None, positi
   else:
     # Clipped: left padding has position -1 (its keys are never attended to).
     rope = tuple(jnp.take(t, positions_NxT, axis=0, mode='clip') for t in rope_table)
-  model = _merge(params, cfg)
+  model = _merge(rollout_head.detach(params), cfg)
   h_NxTxD, keys, values = model.hidden(tokens_NxT, rope, mask_NxT, cache)
   new_cache = None
   if cache is not None:
@@ -434,10 +435,17 @@ def apply(params: Params, tokens_NxT, *, cfg: ModelConfig, mask_NxT=None, positi
 
 
 def logits_from_hidden(params: Params, h_NxTxD, *, cfg: ModelConfig):
-  """fp32 logits of final hidden states: the projection accumulates in fp32."""
+  """fp32 logits of final hidden states: the projection accumulates in fp32. Params that
+  carry R²PO's rollout head (model/rollout_head.py) add its term: W_lm h + W2 ReLU(W1 h)."""
   w = params['embed'].T if cfg.tie_embeddings else params['lm_head']
-  return jnp.einsum('ntd,dv->ntv', h_NxTxD, w.astype(cfg.compute_dtype),
-                    preferred_element_type=jnp.float32)
+  logits = jnp.einsum('ntd,dv->ntv', h_NxTxD, w.astype(cfg.compute_dtype),
+                      preferred_element_type=jnp.float32)
+  if rollout_head.has_head(params):
+    head = params[rollout_head.KEY]
+    f_NxTxD = rollout_head.features(head, h_NxTxD, cfg.compute_dtype)
+    logits = logits + jnp.einsum('ntd,dv->ntv', f_NxTxD, head['w2'].astype(cfg.compute_dtype),
+                                 preferred_element_type=jnp.float32)
+  return logits
 
 
 def init_value_head(cfg: ModelConfig) -> Params:

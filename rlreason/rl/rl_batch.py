@@ -266,42 +266,45 @@ def _transform_tokens(fn, adv_NxL, second_BxG, kwargs):
   return out_BxGxL.reshape(adv_NxL.shape)
 
 
-def advantages_for(run, scores: Scores, stats, batch: TrainBatch, *, progress: float):
+def advantages_for(run, scores: Scores, stats, batch: TrainBatch, *, progress: float,
+                   advantage: str = ''):
   """(advantages_NxL, GAE returns_NxL or None) from the configured estimator and transforms.
 
   Group estimators give one advantage per response; OTB, GAE and REINFORCE++ one per token,
   and the transforms then apply per token (`_transform_tokens`). IFPO reads the behaviour
   modes, the other transforms the rewards. NaN rewards stop here, naming their rows, unless
   the estimator was told to ignore them (advantage_kwargs.nan_rewards='ignore').
+  `advantage` overrides objective.advantage (R²PO's head stage: 'r2po_rarity').
   """
   del progress  # Schedules (HAPO's threshold annealing) hook in here.
   o, g = run.config.objective, run.config.rl.group_size
   mask_NxL = batch.loss_mask_NxL
-  kwargs = dict(o.advantage_kwargs)
+  name = advantage or o.advantage
+  kwargs = dict(o.advantage_kwargs) if name == o.advantage else {}
   if kwargs.get('nan_rewards', 'error') != 'ignore':
     advantages.check_rewards(scores.rewards_BxG, hint="set objective.advantage_kwargs."
                              "nan_rewards='ignore' (objective.advantage 'grpo' or 'dr_grpo')")
   rewards = jnp.asarray(scores.rewards_BxG, jnp.float32)
   adv, returns_NxL = None, None
-  token_level = o.advantage in advantages.TOKEN_LEVEL
+  token_level = name in advantages.TOKEN_LEVEL
   if token_level:
     token_rewards = advantages.outcome_token_rewards(rewards.reshape(-1), mask_NxL)
-  if o.advantage == 'otb':
+  if name == 'otb':
     adv = advantages.otb(token_rewards, stats.logprobs_NxT, stats.sum_sq_probs_NxT, mask_NxL,
                          group_size=g, **{'zero_tail': False, **kwargs})
-  elif o.advantage == 'gae':
+  elif name == 'gae':
     adv, returns_NxL = advantages.gae(token_rewards, batch.old_values_NxL, mask_NxL, **kwargs)
-  elif o.advantage == 'reinforce_pp':  # Its returns feed no critic: only the advantages.
+  elif name == 'reinforce_pp':  # Its returns feed no critic: only the advantages.
     adv, _ = advantages.reinforce_pp(token_rewards, mask_NxL, **kwargs)
-  elif o.advantage in ('opo', 'reinforce_pp_baseline'):  # Both may weigh by response length.
+  elif name in ('opo', 'reinforce_pp_baseline'):  # Both may weigh by response length.
     lengths_BxG = jnp.sum(mask_NxL, -1, dtype=jnp.float32).reshape(rewards.shape)
-    adv = advantages.get_estimator(o.advantage)(rewards, lengths_BxG=lengths_BxG, **kwargs)
+    adv = advantages.get_estimator(name)(rewards, lengths_BxG=lengths_BxG, **kwargs)
   else:
-    adv = advantages.get_estimator(o.advantage)(rewards, **kwargs)
-  for name in o.transforms:
-    fn = advantage_transforms.get_transform(name)
-    second = jnp.asarray(scores.modes_BxG) if name == 'ifpo' else rewards
-    kw = transform_kwargs(name, o.transform_kwargs)
+    adv = advantages.get_estimator(name)(rewards, **kwargs)
+  for transform in o.transforms:
+    fn = advantage_transforms.get_transform(transform)
+    second = jnp.asarray(scores.modes_BxG) if transform == 'ifpo' else rewards
+    kw = transform_kwargs(transform, o.transform_kwargs)
     adv = _transform_tokens(fn, adv, second, kw) if token_level else fn(adv, second, **kw)
   if not token_level:
     adv = jnp.broadcast_to(adv.reshape(-1)[:, None], mask_NxL.shape)

@@ -23,6 +23,7 @@ from rlreason import tasks
 from rlreason.envs import environment as environment_lib
 from rlreason.envs import render
 from rlreason.envs import tasks as env_tasks  # noqa: F401 (registers the tool-use tasks)
+from rlreason.model import rollout_head
 from rlreason.model import sharding
 from rlreason.model import tokenizer as tokenizer_lib
 from rlreason.model import transformer
@@ -31,6 +32,7 @@ from rlreason.rl import adapters
 from rlreason.rl import checkpoint
 from rlreason.rl import mixed_policy
 from rlreason.rl import prompt_schedule
+from rlreason.rl import r2po
 from rlreason.rl import update
 from rlreason.rollout import judge as judge_lib
 from rlreason.rollout import sampler
@@ -74,12 +76,24 @@ class Run:
   env: Any = None  # With env.enabled: the envs.environment.ToolEnvironment
   renderer: Any = None  # and the text around its turns (envs.render).
   adapter: Any = None  # With lora.enabled: the frozen base and its merge (rl/adapters.py).
+  stages: Any = None  # With r2po.enabled: its two stages' update pieces (rl/r2po.py).
 
   def policy(self, trainable):
-    """The model's params from the TrainState's: the adapter merged into the frozen base
-    under LoRA, else the params themselves."""
+    """The model's params from the TrainState's (what evaluation, export and the reference
+    policy use): the adapter merged into the frozen base under LoRA, R²PO's rollout head
+    left out, else the params themselves."""
+    return rollout_head.detach(self.rollout_policy(trainable))
+
+  def rollout_policy(self, trainable):
+    """The params the sampler runs: `policy`'s, with R²PO's rollout head when it has one."""
     return trainable if self.adapter is None else self.adapter.merge(self.adapter.base,
                                                                       trainable)
+
+  def stage(self, step: int) -> r2po.Stage:
+    """What step `step`'s update uses: R²PO's stage then (rl/r2po.py), else the plain one."""
+    if self.stages is None:
+      return r2po.Stage(0, learner=rollout_head.detach, advantage='', train_step=self.train_step)
+    return self.stages[r2po.stage_at(step, tuple(self.config.r2po.switch_steps))]
 
   def restore_or_init(self):
     """(state, step): the newest restorable checkpoint, or fresh state at step 0.
@@ -236,10 +250,17 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
   adapter, trainable_sh = None, param_sh
   if adapters.lora_config(config) is not None:  # Train an adapter; the base stays frozen.
     adapter, params, trainable_sh = adapters.setup(config, cfg, params, mesh, param_sh)
+  sample_sh = sharding.param_shardings(cfg, sample_mesh, sharding.SAMPLE_RULES)
+  if config.r2po.enabled:  # The model's params + the rollout head.
+    params, trainable_sh = r2po.setup(config, cfg, params, mesh, param_sh)
+    sample_sh = r2po.with_head_shardings(sample_sh, params, sample_mesh, sharding.SAMPLE_RULES)
   params = jax.device_put(params, trainable_sh)
   opt = config.optimizer
-  optimizer = make_optimizer(lr=opt.lr, warmup_steps=opt.warmup_steps, b1=opt.b1, b2=opt.b2,
-                             weight_decay=opt.weight_decay, grad_clip=opt.grad_clip)
+  make_opt = functools.partial(make_optimizer, lr=opt.lr, warmup_steps=opt.warmup_steps,
+                               b1=opt.b1, b2=opt.b2, weight_decay=opt.weight_decay,
+                               grad_clip=opt.grad_clip)
+  # R²PO: the backbone stage's optimizer (same state as the head stage's: rl/r2po.py).
+  optimizer = r2po.stage_optimizer(make_opt, 2) if config.r2po.enabled else make_opt()
   critic = config.critic
   value_optimizer = value_params = None
   if critic.enabled:
@@ -267,6 +288,14 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
                                            to_model=adapters.to_model(adapter, base, cfg)),
       out_shardings=(state_sh, None), donate_argnums=0)
   train_step = functools.partial(train_step, base=None if adapter is None else adapter.base)
+  stages = None
+  if config.r2po.enabled:  # One train step per stage, each with its optimizer and learner.
+    stages = r2po.stages(lambda stage_opt, stage_to_model: jax.jit(
+        lambda s, b: update.train_step(s, b, cfg=cfg, objective=objective, optimizer=stage_opt,
+                                       micro_batches=config.rl.micro_batches,
+                                       value_optimizer=value_optimizer,
+                                       to_model=stage_to_model),
+        out_shardings=(state_sh, None), donate_argnums=0), make_opt)
   logprobs = jax.jit(lambda p, t, m, l: update.logprobs_step(
       p, t, m, cfg=cfg, completion_len=l, temperature=objective.temperature),
                      static_argnums=3)
@@ -276,7 +305,7 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
   run = Run(
       config=config, workdir=pathlib.Path(workdir), cfg=cfg, tok=tok, pad_id=pad_id, mesh=mesh,
       state_shardings=state_sh,
-      sample_shardings=sharding.param_shardings(cfg, sample_mesh, sharding.SAMPLE_RULES),
+      sample_shardings=sample_sh,
       sample_mesh=sample_mesh,
       objective=objective, train_step=train_step, logprobs=logprobs, init_params=params,
       data_iter=data_iter, eval_examples=eval_examples,
@@ -287,7 +316,7 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
       root_rng=multihost.replicate_key(jax.random.fold_in(root, 1), mesh),
       eval_rng=multihost.replicate_key(jax.random.fold_in(root, 2), mesh),
       optimizer=optimizer, init_value_params=value_params, value_optimizer=value_optimizer,
-      adapter=adapter)
+      adapter=adapter, stages=stages)
   if critic.enabled:
     run.init_value_params = jax.device_put(value_params, state_sh.value_params)
     run.values = jax.jit(lambda p, v, t, m, l: update.values_step(

@@ -159,7 +159,7 @@ def rl_step(run: Run, state, step: int, times: dict[str, float]):
   """Sample, verify, filter, compute advantages, and update: (state, metrics)."""
   rl, progress = run.config.rl, step / max(run.config.rl.steps, 1)
   rng = jax.random.fold_in(run.root_rng, step)
-  policy = run.policy(state.params)  # The model's params (a LoRA adapter merged in).
+  policy = run.rollout_policy(state.params)  # The model's params (LoRA merged; R²PO's head).
   sample_params = sharding.reshard(policy, run.sample_shardings)
   groups, metrics = [], {}
   for attempt in range(1 + (rl.max_refill_rounds if rl.dynamic_sampling else 0)):
@@ -177,9 +177,12 @@ def rl_step(run: Run, state, step: int, times: dict[str, float]):
                                               enabled=rl.dynamic_sampling)
   metrics['dynamic_sampling/filled_frac'] = kept_frac
   metrics['dynamic_sampling/rounds'] = len(groups)
+  stage = run.stage(step)  # R²PO's stages (rl/r2po.py); one plain stage otherwise.
   with phase(times, 'update'):
-    batch, stats = make_train_batch(run, policy, rollout, value_params=state.value_params)
-    adv_NxL, returns_NxL = advantages_for(run, scores, stats, batch, progress=progress)
+    batch, stats = make_train_batch(run, stage.learner(policy), rollout,
+                                    value_params=state.value_params)
+    adv_NxL, returns_NxL = advantages_for(run, scores, stats, batch, progress=progress,
+                                          advantage=stage.advantage)
     batch = batch.replace(advantages_NxL=adv_NxL, returns_NxL=returns_NxL)
     perm = np.arange(rl.prompts_per_step)
     for epoch in range(rl.epochs):
@@ -187,7 +190,7 @@ def rl_step(run: Run, state, step: int, times: dict[str, float]):
         perm = np.random.default_rng([run.config.seed, step, epoch]).permutation(perm)
       for mb in np.array_split(perm, rl.minibatches):
         rows = (mb[:, None] * rl.group_size + np.arange(rl.group_size)).reshape(-1)
-        state, step_metrics = run.train_step(state, jax.tree.map(lambda x: x[rows], batch))
+        state, step_metrics = stage.train_step(state, jax.tree.map(lambda x: x[rows], batch))
     state = jax.block_until_ready(state)  # So time/update_s is the update's, not its dispatch.
   times['tokens/update'] = rl.epochs * batch.mask_NxT.sum()
   mixed_policy.refresh_prefix_policy(run, state.params, step)
@@ -195,6 +198,8 @@ def rl_step(run: Run, state, step: int, times: dict[str, float]):
   metrics.update(provenance_metrics(batch, learner_version=step - 1))
   metrics.update(sampler.metrics(rollout))
   metrics['train/reward'] = scores.rewards_BxG.mean()
+  if stage.number:
+    metrics['r2po/stage'] = stage.number
   return state, metrics
 
 

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from rlreason.model import rollout_head
 from rlreason.model import transformer
 from rlreason.objectives import aggregation
 from rlreason.objectives import kl
@@ -131,8 +132,11 @@ def completion_stats(params, tokens_NxT, mask_NxT, *, cfg: transformer.ModelConf
                                completion_len=completion_len)
   # Vocabulary-parallel (shard_map) under a mesh whose TRAIN_RULES shard the LM head's vocab
   # over 'tensor'; otherwise token_stats.token_stats_from_hidden itself.
+  # R²PO's rollout head, when the params carry it: [h, ReLU(h W1)] @ [W_lm; W2].
+  h_NxLxE, w_ExV = rollout_head.projection(params, h_NxLxD, _output_matrix(params, cfg),
+                                           cfg.compute_dtype)
   stats = vocab_parallel.token_stats_from_hidden(
-      h_NxLxD, _output_matrix(params, cfg), tokens_NxT[:, -completion_len:],
+      h_NxLxE, w_ExV, tokens_NxT[:, -completion_len:],
       temperature=temperature, token_chunk=token_chunk, vocab_chunk=vocab_chunk)
   if value_params is None:
     return stats
@@ -328,7 +332,8 @@ def sft_step(state: TrainState, tokens_NxT, loss_mask_NxT, *, cfg: transformer.M
   def per_micro(params, micro):
     tokens, loss_mask = micro
     # Right padding: causal, harmless.
-    logits = transformer.apply(to_model(params), tokens[:, :-1], cfg=cfg)[0]
+    # The model's own logits: R²PO's rollout head (if any) is not what SFT trains.
+    logits = transformer.apply(rollout_head.detach(to_model(params)), tokens[:, :-1], cfg=cfg)[0]
     logp = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), tokens[:, 1:, None], -1)[..., 0]
     return -jnp.sum(jnp.where(loss_mask[:, 1:], logp, 0.0)) / denominator, {}
 

@@ -83,6 +83,13 @@ def default() -> ml_collections.ConfigDict:
       enabled=False, rank=16, alpha=32.0, dropout=0.0,
       targets=('q', 'k', 'v', 'o', 'gate', 'up', 'down'), quantize=''))
 
+  # R²PO (rl/r2po.py): a residual rollout head W2 ReLU(W1 h) on the logits the sampler uses,
+  # trained alone on the rarity reward (stage 1, steps 1..s1), then the backbone with the head
+  # frozen (stage 2), alternating at each of switch_steps (the reference's 2stage_train.sh:
+  # 40, 80, 100). Evaluation and export use the model's own logits.
+  c.r2po = ml_collections.ConfigDict(dict(enabled=False, switch_steps=(40, 80, 100),
+                                          init_std=1e-6))
+
   # DAPO's overlong shaping: a penalty for completions longer than L_max - cache_len (L_max:
   # the completion length, cache_len 0: L_max // 4) added to every reward. The `overlong`
   # verifier reads the same limits (and each completion's token count) from its items.

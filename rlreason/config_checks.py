@@ -118,8 +118,24 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
   _check_sandbox(c, check)
   if c.lora.enabled:
     _check_lora(c, check)
+  if c.get('r2po') is not None and c.r2po.enabled:
+    _check_r2po(c, check)
   if errors:
     raise ValueError('invalid config:\n  ' + '\n  '.join(errors))
+
+
+def _check_r2po(c, check) -> None:
+  """R²PO's schedule and what it cannot be combined with (rl/r2po.py)."""
+  switches = tuple(c.r2po.switch_steps)
+  check(all(isinstance(s, int) and s >= 0 for s in switches)
+        and list(switches) == sorted(set(switches)),
+        f'r2po.switch_steps={switches!r}: strictly increasing step numbers >= 0.')
+  check(c.r2po.init_std > 0, f'r2po.init_std={c.r2po.init_std!r} must be > 0 (the reference '
+        'draws the head from N(0, 1e-6)).')
+  for other in ('lora', 'prefix_rollouts', 'hapo'):
+    check(not c[other].enabled, f'r2po.enabled with {other}.enabled: not supported together '
+          f'(the rollout head is a second trainable tree the {other} path does not carry); '
+          'turn one off.')
 
 
 def _check_sandbox(c, check) -> None:

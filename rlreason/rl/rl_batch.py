@@ -209,8 +209,11 @@ def make_train_batch(run, params, rollout: Rollout, *, value_params=None):
 
 def tag_versions(rollout: Rollout, *, version: int, prefix_version: int | None = None) -> Rollout:
   """The rollout with its provenance: sampled tokens `version`, prefix tokens (an older
-  snapshot's) `prefix_version`, episode observations VERSION_ENV (structs.py)."""
+  snapshot's) `prefix_version`, episode observations VERSION_ENV (structs.py); negative marks
+  the collector set already (a rollback's corrected calls, rollout/rollback.py) are kept."""
   version_NxL = jnp.full(rollout.tokens_NxL.shape, version, jnp.int32)
+  if rollout.version_NxL is not None:
+    version_NxL = jnp.where(rollout.version_NxL < 0, rollout.version_NxL, version_NxL)
   if prefix_version is not None:
     version_NxL = jnp.where(rollout.prefix_mask_NxL, prefix_version, version_NxL)
   if rollout.loss_mask_NxL is not None:
@@ -231,6 +234,13 @@ def provenance_metrics(batch: TrainBatch, *, learner_version: int,
   count = jnp.maximum(real.sum(), 1)
   metrics['provenance/teacher_token_frac'] = (real & (v == -1)).sum() / count
   metrics['provenance/policy_token_frac'] = (real & (v >= 0)).sum() / count
+  # CLEANER's corrected calls (VERSION_ROLLBACK = -3, rollout/rollback.py): their share, and how
+  # far the behaviour log-probs (error in context) are from π_old on the purified sequence.
+  rolled = real & (v == -3)
+  metrics['provenance/rollback_token_frac'] = rolled.sum() / count
+  metrics['rollback/abs_logprob_diff_learner'] = jnp.where(rolled, jnp.abs(
+      batch.behaviour_logprobs_NxL - batch.old_logprobs_NxL), 0.0).sum() / jnp.maximum(
+          rolled.sum(), 1)
   return metrics
 
 

@@ -28,6 +28,7 @@ from rlreason.rl import checkpoint
 from rlreason.rl import metrics as metrics_lib
 from rlreason.rl import mixed_policy
 from rlreason.rollout import episodes as episodes_lib
+from rlreason.rollout import rollback as rollback_lib
 from rlreason.rollout import sampler
 from rlreason.rollout import slate
 from rlreason.rl.rl_batch import (advantages_for, dynamic_filter, make_train_batch,
@@ -98,8 +99,10 @@ def sample_and_verify(run: Run, params, examples, rng, *, step: int, progress: f
   return rollout, scores
 
 
-def run_episodes(run: Run, params, examples, rng, *, group_size: int, temperature: float):
-  """G episodes per example with the run's environment (config.env), on the sampling mesh."""
+def run_episodes(run: Run, params, examples, rng, *, group_size: int, temperature: float,
+                 rollback=None):
+  """G episodes per example with the run's environment (config.env), on the sampling mesh;
+  `rollback` (rollout/rollback.Settings) for training episodes only."""
   e, rl = run.config.env, run.config.rl
   with jax.set_mesh(run.sample_mesh):
     return episodes_lib.run_episodes(
@@ -107,7 +110,8 @@ def run_episodes(run: Run, params, examples, rng, *, group_size: int, temperatur
         max_turns=e.max_turns, max_turn_tokens=e.max_turn_tokens,
         max_observation_tokens=e.max_observation_tokens, max_total_tokens=rl.max_new_tokens,
         rng=rng, prompt_buckets=run.config.data.prompt_buckets, temperature=temperature,
-        top_k=rl.top_k, top_p=rl.top_p, pad_id=run.pad_id, max_workers=e.workers)
+        top_k=rl.top_k, top_p=rl.top_p, pad_id=run.pad_id, max_workers=e.workers,
+        rollback=rollback)
 
 
 def sample_episodes(run: Run, params, examples, rng, *, step: int, times: dict[str, float]):
@@ -115,7 +119,8 @@ def sample_episodes(run: Run, params, examples, rng, *, step: int, times: dict[s
   At evaluation steps, the first env.transcripts episodes are written (rlreason.episodes)."""
   with phase(times, 'generate'):
     episodes = run_episodes(run, params, examples, rng, group_size=run.config.rl.group_size,
-                            temperature=run.config.rl.temperature)
+                            temperature=run.config.rl.temperature,
+                            rollback=rollback_lib.from_config(run.config.env))
   scores = score_episodes(run, episodes)
   rollout = tag_versions(episodes.rollout, version=step - 1)
   sampled = int(jax.device_get(episodes.rollout.loss_mask_NxL.sum()))

@@ -151,7 +151,8 @@ def default() -> ml_collections.ConfigDict:
   # keeps its declared default) is regenerated after a masked feedback turn and replaces the
   # failed one, at most max_retries times per turn. replacement 'saar': SAAR's similarity switch
   # (our formalisation), shallow when the calls' difflib ratio >= saar_threshold. feedback: the
-  # text with '{errors}' ('' : the reference code's). Evaluation episodes never roll back.
+  # text with '{errors}' (numbered) or '{error}' (the last message); '': the reference code's.
+  # Evaluation episodes never roll back.
   c.env.rollback = ml_collections.ConfigDict(dict(
       enabled=False, max_retries=3, error_classes={}, replacement='deep', saar_threshold=0.5,
       feedback=''))

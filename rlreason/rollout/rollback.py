@@ -74,7 +74,8 @@ _CALL_START = {'tags': '<call>', 'qwen': '<tool_call>', 'llama3': ''}
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """error_classes: (tool, classes) pairs; feedback: the feedback text with '{errors}'."""
+  """error_classes: (tool, classes) pairs; feedback: the feedback text, with '{errors}' (the
+  failures' messages, numbered as the reference code does) or '{error}' (the last one's)."""
   error_classes: tuple[tuple[str, tuple[str, ...]], ...]
   max_retries: int = 3
   replacement: str = 'deep'
@@ -102,8 +103,9 @@ def config_errors(r, *, tools: Sequence[str], max_turns: int) -> list[str]:
   if not 0.0 <= r.saar_threshold <= 1.0:
     errors.append(f'env.rollback.saar_threshold={r.saar_threshold} must be in [0, 1] '
                   '(a difflib ratio).')
-  if r.feedback and '{errors}' not in r.feedback:
-    errors.append("env.rollback.feedback must contain '{errors}' (where the errors go).")
+  if r.feedback and '{errors}' not in r.feedback and '{error}' not in r.feedback:
+    errors.append("env.rollback.feedback must contain '{errors}' (the numbered errors) or "
+                  "'{error}' (the last one's message).")
   if max_turns < 2:
     errors.append(f'env.rollback needs env.max_turns >= 2 (got {max_turns}): there is no rollback '
                   'at the last turn.')
@@ -321,7 +323,8 @@ class Tracker:
           self.disabled[r] = True
           continue
         errors = ''.join(f'{k + 1}. {msg}\n' for k, (_, _, msg) in enumerate(failures))
-        message = {'role': 'user', 'content': self.settings.feedback.format(errors=errors)}
+        content = self.settings.feedback.format(errors=errors, error=failures[-1][2])
+        message = {'role': 'user', 'content': content}
         ended = bool(turn_ids[i]) and turn_ids[i][-1] in self.eos
         ids = self.fit(self.tok, self.renderer, [message], ended, self.observation_width)
         now = int(count[r]) + len(turn_ids[i])  # the failed turn is in the columns

@@ -262,6 +262,16 @@ def _check_objective(c, check) -> None:
         known = ('rho_log_rho', 'kl_generator')
         check(o.loss_kwargs['stabilizer'] in known,
               f"objective.loss_kwargs.stabilizer={o.loss_kwargs['stabilizer']!r}; known: {known}.")
+    if o.policy_loss == 'sorl':
+      kw = dict(o.loss_kwargs)
+      for key, known in (('turn_ratio', losses.SORL_TURN_RATIOS),
+                         ('normalization', losses.SORL_NORMALIZATIONS)):
+        check(kw.get(key, known[0]) in known,
+              f'objective.loss_kwargs.{key}={kw.get(key)!r}; known: {known}.')
+      check(not losses.self_normalising('sorl', kw) or o.aggregation == 'token_mean',
+            "objective.policy_loss='sorl' with normalization 'reliability' divides by its "
+            "weights' global sum (Σ ω ℓ / Σ ω), which needs objective.aggregation='token_mean', "
+            f'not {o.aggregation!r}.')
   if loss is not None:
     _check_option_values('objective.loss_kwargs', dict(o.loss_kwargs), check)
   estimator = advantages.ESTIMATORS.get(o.advantage)

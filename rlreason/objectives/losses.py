@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rlreason.objectives import quatro_variants
 from rlreason.objectives import trust_region
@@ -172,6 +173,10 @@ def is_grpo(logprobs_NxL, old_logprobs_NxL, advantages_NxL, mask_NxL, *, group_s
   return loss_NxL * weight_N[:, None], mask_NxL, metrics
 
 
+SORL_TURN_RATIOS = ('geometric', 'exact', 'token')  # The first of each is sorl's default.
+SORL_NORMALIZATIONS = ('reliability', 'clip_bias', 'none')
+
+
 def sorl(logprobs_NxL, old_logprobs_NxL, advantages_NxL, mask_NxL, *, turn_ids_NxL,
          num_turns: int, eps_low: float = 0.2, eps_high: float = 0.2,
          turn_ratio: str = 'geometric', normalization: str = 'reliability',
@@ -179,44 +184,66 @@ def sorl(logprobs_NxL, old_logprobs_NxL, advantages_NxL, mask_NxL, *, turn_ids_N
   """SORL (SO-PPO / SO-GRPO, ex ST-PPO): turn-level ratios, clipping-triggered normalisation.
 
   Turn ratio of turn k of row i over its valid (model) tokens: ρ_{i,k} =
-  exp(mean_{t∈k} (lp − lp_old)) ('geometric', default) or exp(Σ_{t∈k} …) ('exact'). Token t
-  of turn k uses r = sg(ρ_{i,k})·exp(lp − sg(lp)) in the PPO-clip surrogate. A token is
-  clipped when its gradient is zeroed (A > 0, r > 1 + ε_high or A < 0, r < 1 − ε_low); then
-  the returned weights are, detached,
-    'reliability': ω_i M with ω_i = 1 − (clipped tokens of i)/(tokens of i); aggregate with
-                   token_mean and denominator Σ ω M over the global batch
-                   (`denominators(weights_NxL, mode='token_mean')`, from the same θ) to get
-                   Σ ω ℓ / Σ ω — normalisation that acts only when clipping occurs;
-    'clip_bias':   M / (1 + b_i), b_i = mean_t |r − clip(r)|·|A| (per sample, so the
-                   ordinary denominators keep micro-batch invariance);
-    'none':        M (Turn-PPO).
-  Observation/tool tokens (mask 0) never enter a ratio. arXiv 2511.20718.
-  Provenance: our formalisation (paper not available), algorithms.md §14.
+  exp(mean_{t∈k} (lp − lp_old)) ('geometric', default: algorithms.md §14 candidate (i)) or
+  exp(Σ_{t∈k} …) ('exact', candidate (ii)); 'token' keeps PPO's per-token ratio (v1's S-PPO:
+  the normalisation alone). Token t of turn k uses r = sg(ρ_{i,k})·exp(lp − sg(lp)) in the
+  PPO-clip surrogate with [1 − ε_low, 1 + ε_high], so its gradient is −A ρ_{i,k} ∇lp_t unless
+  clipped. A token is clipped when that gradient is zeroed (A > 0, r > 1 + ε_high or A < 0,
+  r < 1 − ε_low); with one advantage per episode a turn clips as a whole. The returned
+  weights are, detached,
+    'reliability': ω_i M with ω_i = 1 − (clipped tokens of i)/(tokens of i), to be aggregated
+                   as Σ_{i,t} ω_i M ℓ / Σ_{i,t} ω_i M over the whole minibatch (token_mean
+                   with the weights' own global sum as denominator: update.train_step does
+                   this when `self_normalising` says so). Without clipping ω = 1 and this
+                   is the base loss; with clipping the unreliable rows weigh less and the
+                   rest are renormalised;
+    'clip_bias':   M / (1 + b_i), b_i = mean_t |r − clip(r)|·|A| (the alternative reading of
+                   §14; per sample, under the ordinary denominators);
+    'none':        M (Turn-PPO with 'geometric' or 'exact').
+  Observation/tool tokens (mask 0) never enter a ratio; one turn makes 'geometric' GSPO-token
+  (arXiv 2507.18071) with the same ε. SO-GRPO: group advantages; SO-PPO: GAE advantages, with
+  a turn-level critic by advantage_kwargs turn_level=True (token_advantages.gae).
+  arXiv 2511.20718. Provenance: our formalisation (paper not available; its method section
+  could not be read, no code found), algorithms.md §14 (b).
 
   Args:
-    turn_ids_NxL: int turn index in [0, num_turns) of each token (ignored where mask is 0).
-    num_turns: static upper bound on turns per row.
+    turn_ids_NxL: int turn index in [0, num_turns) of each token (ignored where mask is 0);
+      episodes' turn_NxL.
+    num_turns: static upper bound on turns per row (env.max_turns).
+    turn_ratio: 'geometric' | 'exact' | 'token'.
+    normalization: 'reliability' | 'clip_bias' | 'none'.
     Others: as in `ppo_clip`.
 
   Returns:
-    (loss_NxL, weights_NxL, metrics).
+    (loss_NxL, weights_NxL, metrics); metrics add sorl/weight_mean (mean ω_i over rows) and
+    sorl/turns_mean (turns with a valid token per row).
   """
   logprobs_NxL, old_logprobs_NxL, adv_NxL = _inputs(logprobs_NxL, old_logprobs_NxL,
                                                     advantages_NxL, mask_NxL)
   valid_NxL = mask_NxL > 0
+  if not any(isinstance(x, jax.core.Tracer) for x in (turn_ids_NxL, mask_NxL)):
+    # Checked where the values are known: a turn past num_turns would silently get ratio 1.
+    turns_NxL = np.asarray(turn_ids_NxL)
+    out = (np.asarray(mask_NxL) > 0) & ((turns_NxL < 0) | (turns_NxL >= num_turns))
+    if out.any():
+      raise ValueError(f'sorl: turn_ids_NxL holds {turns_NxL[out].max()} on a valid token, '
+                       f'outside [0, num_turns={num_turns}) (objective num_turns: env.max_turns).')
   in_turn_NxLxK = (turn_ids_NxL[..., None] == jnp.arange(num_turns)) & valid_NxL[..., None]
   in_turn_NxLxK = in_turn_NxLxK.astype(jnp.float32)
   token_lr_NxL = _sg(logprobs_NxL - old_logprobs_NxL)
   sum_NxK = jnp.einsum('nlk,nl->nk', in_turn_NxLxK, token_lr_NxL)
+  count_NxK = jnp.sum(in_turn_NxLxK, axis=1)
   if turn_ratio == 'geometric':
-    count_NxK = jnp.sum(in_turn_NxLxK, axis=1)
     turn_lr_NxK = sum_NxK / jnp.maximum(count_NxK, 1.0)
   elif turn_ratio == 'exact':
     turn_lr_NxK = sum_NxK
+  elif turn_ratio != 'token':
+    raise ValueError(f'sorl: turn_ratio={turn_ratio!r}; known: {SORL_TURN_RATIOS}.')
+  if turn_ratio == 'token':
+    base_lr_NxL = token_lr_NxL
   else:
-    raise ValueError(f"turn_ratio={turn_ratio!r}; known: 'geometric', 'exact'.")
-  turn_lr_NxL = jnp.einsum('nlk,nk->nl', in_turn_NxLxK, turn_lr_NxK)
-  log_r_NxL = jnp.clip(turn_lr_NxL + logprobs_NxL - _sg(logprobs_NxL), -log_ratio_clip,
+    base_lr_NxL = jnp.einsum('nlk,nk->nl', in_turn_NxLxK, turn_lr_NxK)
+  log_r_NxL = jnp.clip(base_lr_NxL + logprobs_NxL - _sg(logprobs_NxL), -log_ratio_clip,
                        log_ratio_clip)
   ratio_NxL = jnp.exp(log_r_NxL)
   loss_NxL = _masked(_clip_surrogate(ratio_NxL, adv_NxL, eps_low, eps_high), mask_NxL)
@@ -231,11 +258,11 @@ def sorl(logprobs_NxL, old_logprobs_NxL, advantages_NxL, mask_NxL, *, turn_ids_N
   elif normalization == 'none':
     scale_N = jnp.ones(mask_NxL.shape[:1], jnp.float32)
   else:
-    raise ValueError(f"normalization={normalization!r}; known: 'reliability', 'clip_bias', "
-                     "'none'.")
+    raise ValueError(f'sorl: normalization={normalization!r}; known: {SORL_NORMALIZATIONS}.')
   weights_NxL = _sg(scale_N)[:, None] * mask_NxL
   metrics = ratio_metrics(log_r_NxL, adv_NxL, mask_NxL, eps_low=eps_low, eps_high=eps_high)
   metrics['sorl/weight_mean'] = jnp.mean(scale_N)
+  metrics['sorl/turns_mean'] = jnp.mean(jnp.sum(count_NxK > 0, axis=-1, dtype=jnp.float32))
   return loss_NxL, weights_NxL, metrics
 
 
@@ -337,6 +364,13 @@ LIBRARY_ONLY = {
                'losses.is_grpo_prompt_probs), which the data pipeline does not have yet; '
                'losses.is_grpo is a library function until then',
 }
+
+
+def self_normalising(name: str, loss_kwargs=()) -> bool:
+  """Whether loss `name` with `loss_kwargs` (pairs or a dict) wants its weights as their own
+  normaliser, Σ w ℓ / Σ w over the whole minibatch (SORL's 'reliability' weights): then
+  update.train_step divides by the weights' global sum at the current θ, not the mask's."""
+  return name == 'sorl' and dict(loss_kwargs).get('normalization', 'reliability') == 'reliability'
 
 
 def get_policy_loss(name: str) -> Callable:

@@ -154,9 +154,18 @@ def otb(token_rewards_NxL: Array, logprobs_NxL: Array, sum_pi_sq_NxL: Array, mas
   return jax.lax.stop_gradient(advantages_NxL)
 
 
+def turn_starts(mask_NxL: Array) -> Array:
+  """Bool NxL: the first token of each maximal run of valid tokens. In an episode the model's
+  turns are exactly these runs (observation tokens, mask 0, separate them), so these are the
+  turns' first tokens, whose value is V(history up to the turn)."""
+  valid_NxL = jnp.asarray(mask_NxL) > 0
+  before_NxL = jnp.pad(valid_NxL[:, :-1], ((0, 0), (1, 0)))
+  return valid_NxL & ~before_NxL
+
+
 def gae(token_rewards_NxL: Array, values_NxL: Array, mask_NxL: Array, *, gamma: float = 1.0,
-        lam: float = 1.0, whiten: bool = True, std_ddof: int = 1,
-        eps: float = 1e-8) -> tuple[Array, Array]:
+        lam: float = 1.0, whiten: bool = True, std_ddof: int = 1, eps: float = 1e-8,
+        turn_level: bool = False) -> tuple[Array, Array]:
   """Generalised advantage estimation for a value head (GAE, arXiv 1506.02438).
 
   δ_t = r_t + γ V_{t'} - V_t and A_t = δ_t + γλ A_{t'}, where t' is the next valid position
@@ -164,6 +173,13 @@ def gae(token_rewards_NxL: Array, values_NxL: Array, mask_NxL: Array, *, gamma: 
   R_t = A_t + V_t; A is then whitened over the valid tokens of the whole batch.
   Provenance: as in the reference code of volcengine/verl (`compute_gae_advantage_return`,
   masked_whiten with unbiased variance and eps inside the square root; defaults γ = λ = 1).
+
+  turn_level=True is SO-PPO's turn-level critic (SORL, arXiv 2511.20718), our formalisation
+  (the paper's method section could not be read): one step per turn (a maximal run of valid
+  tokens, `turn_starts`), V_k the value at turn k's first token, r_k the rewards summed over
+  the turn, δ_k = r_k + γ V_{k+1} − V_k (V after the last turn 0), A_k = δ_k + γλ A_{k+1};
+  every token of turn k gets A_k and the return R_k = A_k + V_k, so the critic is regressed
+  onto one target per turn.
 
   Args:
     token_rewards_NxL: per-token rewards (outcome reward on the last valid token, optionally
@@ -175,6 +191,7 @@ def gae(token_rewards_NxL: Array, values_NxL: Array, mask_NxL: Array, *, gamma: 
     whiten: whiten the advantages over the valid tokens of the batch.
     std_ddof: Bessel correction of the whitening variance.
     eps: added to that variance inside the square root.
+    turn_level: one GAE step per turn instead of per token (above).
 
   Returns:
     (advantages_NxL, returns_NxL), both zero where mask_NxL is; returns are not whitened.
@@ -182,6 +199,9 @@ def gae(token_rewards_NxL: Array, values_NxL: Array, mask_NxL: Array, *, gamma: 
   mask_NxL = (jnp.asarray(mask_NxL) > 0).astype(jnp.float32)
   rewards_NxL = jnp.asarray(token_rewards_NxL, jnp.float32)
   values_NxL = jnp.asarray(values_NxL, jnp.float32)
+  if turn_level:
+    return _turn_gae(rewards_NxL, values_NxL, mask_NxL, gamma=gamma, lam=lam, whiten=whiten,
+                     std_ddof=std_ddof, eps=eps)
 
   def step(carry, xs):
     next_value_N, next_adv_N = carry
@@ -201,6 +221,37 @@ def gae(token_rewards_NxL: Array, values_NxL: Array, mask_NxL: Array, *, gamma: 
   return jax.lax.stop_gradient(adv_NxL), jax.lax.stop_gradient(returns_NxL)
 
 
+
+def _turn_gae(rewards_NxL, values_NxL, mask_NxL, *, gamma, lam, whiten, std_ddof, eps):
+  """`gae(turn_level=True)`: turns as GAE's steps, values read at each turn's first token.
+
+  Per-turn sums are segment sums into K = L slots per row (a turn holds at least one token),
+  so memory stays O(N·L)."""
+  n, length = mask_NxL.shape
+  valid_NxL = mask_NxL > 0
+  starts_NxL = turn_starts(mask_NxL)
+  k_NxL = jnp.maximum(jnp.cumsum(starts_NxL, -1) - 1, 0)  # Turn index of each valid token.
+  seg_NxL = jnp.where(valid_NxL, jnp.arange(n)[:, None] * length + k_NxL, n * length)
+  per_turn = lambda x_NxL: jax.ops.segment_sum(x_NxL.reshape(-1), seg_NxL.reshape(-1),
+                                               n * length + 1)[:-1].reshape(n, length)
+  r_NxK = per_turn(rewards_NxL * mask_NxL)
+  v_NxK = per_turn(jnp.where(starts_NxL, values_NxL, 0.0))
+  live_NxK = per_turn(mask_NxL) > 0
+
+  def step(carry, xs):
+    next_value_N, next_adv_N = carry
+    r_N, v_N, live_N = xs
+    adv_N = jnp.where(live_N, r_N + gamma * next_value_N - v_N + gamma * lam * next_adv_N, 0.0)
+    return (jnp.where(live_N, v_N, 0.0), adv_N), adv_N
+
+  zeros_N = jnp.zeros(n, jnp.float32)
+  _, adv_KxN = jax.lax.scan(step, (zeros_N, zeros_N), (r_NxK.T, v_NxK.T, live_NxK.T),
+                            reverse=True)
+  per_token = lambda x_NxK: jnp.take_along_axis(x_NxK, k_NxL, -1) * mask_NxL
+  adv_NxL, returns_NxL = per_token(adv_KxN.T), per_token(adv_KxN.T + v_NxK)
+  if whiten:
+    adv_NxL = masked_whiten(adv_NxL, mask_NxL, ddof=std_ddof, eps=eps)
+  return jax.lax.stop_gradient(adv_NxL), jax.lax.stop_gradient(returns_NxL)
 
 
 def reinforce_pp(token_rewards_NxL: Array, mask_NxL: Array, *, gamma: float = 1.0,

@@ -175,8 +175,13 @@ def _policy_loss_kwargs(fn, batch: TrainBatch, objective: Objective) -> dict[str
 
 
 def loss_fn(params, batch: TrainBatch, denominator, *, cfg: transformer.ModelConfig,
-            objective: Objective, value_params=None):
+            objective: Objective, value_params=None, policy_denominator=None):
   """Aggregated loss (already divided by the global denominator) and its metrics.
+
+  A self-normalising policy loss (losses.self_normalising: SORL's reliability weights) is
+  divided by `policy_denominator`, the global sum of its weights (`weights_denominator`), or,
+  when that is None, by the sum of its weights on this batch (right when the batch is the
+  whole minibatch); the value loss keeps `denominator`.
 
   With `objective.correction`, the policy loss's per-token loss is multiplied by the
   correction's stop-gradient weights (π_prox = batch.old_logprobs_NxL, the behaviour policy
@@ -211,8 +216,14 @@ def loss_fn(params, batch: TrainBatch, denominator, *, cfg: transformer.ModelCon
     metrics['kl'] = aggregation.masked_mean(kl_NxL, mask_NxL)
   if objective.entropy_coef:
     loss_NxL = loss_NxL - objective.entropy_coef * stats.entropy_NxT
+  policy_den = denominator
+  if losses.self_normalising(objective.policy_loss, objective.loss_kwargs):
+    policy_den = policy_denominator
+    if policy_den is None:
+      policy_den = jax.lax.stop_gradient(aggregation.denominators(weights_NxL, mode='token_mean'))
+    metrics['policy_denominator_frac'] = policy_den / jnp.maximum(denominator, 1e-9)
   total = aggregation.aggregate(loss_NxL, weights_NxL, mode=objective.aggregation,
-                                denominator=denominator)
+                                denominator=policy_den)
   if values_NxL is not None:
     vloss_NxL, value_metrics = losses.value_loss(values_NxL, batch.old_values_NxL,
                                                  batch.returns_NxL, mask_NxL,
@@ -226,6 +237,25 @@ def loss_fn(params, batch: TrainBatch, denominator, *, cfg: transformer.ModelCon
   metrics.update(policy_metrics(mask_NxL, entropy_NxL=stats.entropy_NxT,
                                 logprobs_NxL=logprobs_NxL))
   return total, metrics
+
+
+def weights_denominator(params, batch: TrainBatch, *, cfg: transformer.ModelConfig,
+                        objective: Objective, micro_batches: int):
+  """Σ of the policy loss's weights over the whole minibatch at `params`, forward only, one
+  micro-batch at a time: the normaliser of a self-normalising loss (losses.self_normalising)
+  that keeps the loss and gradient independent of the micro-batch split."""
+  fn = losses.get_policy_loss(objective.policy_loss)
+
+  def body(total, micro):
+    stats = completion_stats(params, micro.tokens_NxT, micro.mask_NxT, cfg=cfg,
+                             completion_len=micro.loss_mask_NxL.shape[1],
+                             temperature=objective.temperature)
+    _, weights_NxL, _ = fn(stats.logprobs_NxT, micro.old_logprobs_NxL, micro.advantages_NxL,
+                           micro.loss_mask_NxL, **_policy_loss_kwargs(fn, micro, objective))
+    return total + aggregation.denominators(weights_NxL, mode='token_mean'), None
+
+  total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), _split(batch, micro_batches))
+  return jax.lax.stop_gradient(total)
 
 
 def _split(tree, num: int):
@@ -303,6 +333,15 @@ def train_step(state: TrainState, batch: TrainBatch, *, cfg: transformer.ModelCo
                      f'of whole groups of {objective.group_size}.')
   denominator = aggregation.denominators(batch.loss_mask_NxL, mode=objective.aggregation,
                                          max_len=objective.max_len)
+  policy_den = None  # Self-normalising losses: their weights' sum, from the whole minibatch.
+  if losses.self_normalising(objective.policy_loss, objective.loss_kwargs):
+    if objective.aggregation != 'token_mean':
+      raise ValueError(f'train_step: policy loss {objective.policy_loss!r} normalises by its '
+                       "weights' sum (Σ w ℓ / Σ w), which needs aggregation 'token_mean', not "
+                       f'{objective.aggregation!r}.')
+    if micro_batches > 1:  # One micro-batch computes it in loss_fn, without a second forward.
+      policy_den = weights_denominator(to_model(state.params), batch, cfg=cfg,
+                                       objective=objective, micro_batches=micro_batches)
   critic = objective.value_coef > 0
   if critic and (state.value_params is None or value_optimizer is None
                  or batch.returns_NxL is None):
@@ -310,7 +349,8 @@ def train_step(state: TrainState, batch: TrainBatch, *, cfg: transformer.ModelCo
                      'and a batch with old_values_NxL and returns_NxL.')
   trainable = (state.params, state.value_params if critic else None)
   per_micro = lambda pv, micro: loss_fn(to_model(pv[0]), micro, denominator, cfg=cfg,
-                                        objective=objective, value_params=pv[1])
+                                        objective=objective, value_params=pv[1],
+                                        policy_denominator=policy_den)
   loss, (grads, value_grads), metrics = accumulate_gradients(per_micro, trainable, batch,
                                                              micro_batches)
   for part in ('policy_loss', 'value/loss'):  # Parts of the loss: they add over micro-batches.

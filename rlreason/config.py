@@ -161,7 +161,7 @@ def default() -> ml_collections.ConfigDict:
   # steps from the shared prefix, judged per dimension ('rule': search_qa's rule judge;
   # 'model': the `judge` block's model, judge.enabled), the continuation drawn from
   # softmax(A / eta); lambda_bonus is the early-answer bonus. Rows per prompt: rl.group_size =
-  # k * env.max_turns; objective.advantage 'slate' with advantage_kwargs {'k': k}.
+  # k * env.max_turns; objective.advantage 'slate' (A over each step's k rows).
   c.slate = ml_collections.ConfigDict(dict(enabled=False, k=5, eta=0.7, lambda_bonus=0.1,
                                            judge='rule'))
 

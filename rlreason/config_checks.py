@@ -32,7 +32,6 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
   from rlreason.objectives import aggregation
   from rlreason.objectives import kl
   from rlreason.objectives import losses
-  from rlreason.rollout import slate as slate_lib  # noqa: F401 (registers the 'slate' estimator)
   from rlreason.verifiers import registry
 
   errors = []
@@ -83,7 +82,8 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
                                ('aggregation', aggregation.AGGREGATIONS),
                                ('kl_estimator', kl.KL_ESTIMATORS)):
     value = c.objective[field]
-    check(value in registry_dict or (field == 'policy_loss' and value in losses.LIBRARY_ONLY),
+    check(value in registry_dict or (field == 'policy_loss' and value in losses.LIBRARY_ONLY)
+          or (field == 'advantage' and value == 'slate'),  # SLATE's step rows (_check_slate).
           f'objective.{field}={value!r}; known: {sorted(registry_dict)}.')
   for name in c.objective.transforms:
     check(name in advantage_transforms.TRANSFORMS,
@@ -397,9 +397,9 @@ def _check_slate(c, check) -> None:
   check(rl.group_size == s.k * e.max_turns,
         f'rl.group_size={rl.group_size} must be slate.k x env.max_turns = '
         f'{s.k * e.max_turns} (one row per candidate step).')
-  check(o.advantage == 'slate' and dict(o.advantage_kwargs).get('k') == s.k,
-        f"slate.enabled needs objective.advantage='slate' with advantage_kwargs {{'k': {s.k}}}, "
-        f'got {o.advantage!r} with {dict(o.advantage_kwargs)}.')
+  check(o.advantage == 'slate' and set(o.advantage_kwargs) <= {'eps'},
+        "slate.enabled needs objective.advantage='slate' (A over each step's slate.k rows; "
+        f"advantage_kwargs: at most 'eps'), got {o.advantage!r} with {dict(o.advantage_kwargs)}.")
   need = episodes.cache_slots(e.max_turns, e.max_turn_tokens, e.max_observation_tokens)
   check(rl.max_new_tokens >= need,
         f'rl.max_new_tokens={rl.max_new_tokens} < {need}: a SLATE row holds every earlier step '

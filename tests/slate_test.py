@@ -12,9 +12,11 @@ from rlreason import config as config_lib
 from rlreason.envs import base
 from rlreason.envs import formats
 from rlreason.envs import render
+from rlreason.envs import slate_rules
 from rlreason.envs import tasks as env_tasks
 from rlreason.model import tokenizer
 from rlreason.model import transformer
+from rlreason.objectives import advantages
 from rlreason.rl import update
 from rlreason.rollout import sampler
 from rlreason.rollout import slate
@@ -42,6 +44,9 @@ def test_step_reward_and_advantage_on_a_fixed_tuple():
   adv = np.asarray(slate.step_advantages(np.array([rewards])))[0]
   np.testing.assert_allclose(adv, [0.6921177, -0.7349291, 0.7456320, -1.3949382, 0.6921177],
                              atol=2e-6)
+  # The same as the loop's GRPO estimator with the unbiased std and eps 1e-6.
+  np.testing.assert_allclose(adv, advantages.grpo(jnp.array([rewards]), std_ddof=1,
+                                                  eps=1e-6)[0], atol=1e-6)
   with pytest.raises(ValueError, match="known: 'search', 'answer'"):
     slate.step_reward('think', 0, 0, step=0, budget=4)
 
@@ -89,7 +94,7 @@ def _call(query, k=None):
 def test_rule_judge_scores_each_dimension_by_the_rubric():
   assert (EX.prompt.startswith('Where was the founder of Pefa Corp born?')
           and EX.answer == 'Tibeta')
-  judge = slate_judge.SearchRuleJudge(verify=registry.get_verifier('exact'))
+  judge = slate_rules.SearchRuleJudge(verify=registry.get_verifier('exact'))
   assert judge.facts(EX) == ([FACT_1, FACT_2], ['Pefa Corp', 'Faro Galavo'])
   after_hop_1 = [{'text': _call('Pefa Corp founded'), 'observation': f'[1] {FACT_1}'}]
   score = lambda text, hist=(): judge.score_step(EX, list(hist), slate_judge.parse_step(text,
@@ -247,7 +252,7 @@ def test_config_checks_name_slate_fields():
   with pytest.raises(ValueError) as e:
     config_lib.validate(c, num_devices=8)
   for text in ('rl.group_size=6 must be slate.k x env.max_turns = 4',
-               "advantage_kwargs {'k': 2}", 'rl.max_new_tokens=40 < 80'):
+               "advantage_kwargs: at most 'eps'", 'rl.max_new_tokens=40 < 80'):
     assert text in str(e.value)
   c = config_lib.default()
   c.objective.advantage = 'slate'

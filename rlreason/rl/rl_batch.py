@@ -19,6 +19,7 @@ from rlreason.objectives import advantage_transforms
 from rlreason.objectives import advantages
 from rlreason.rollout import judge as judge_lib
 from rlreason.rollout import sampler
+from rlreason.rollout import slate
 from rlreason.objectives import offpolicy
 from rlreason.structs import VERSION_ENV, Rollout, TrainBatch
 from rlreason.tasks import example as example_lib
@@ -309,6 +310,8 @@ def advantages_for(run, scores: Scores, stats, batch: TrainBatch, *, progress: f
   elif name in ('opo', 'reinforce_pp_baseline'):  # Both may weigh by response length.
     lengths_BxG = jnp.sum(mask_NxL, -1, dtype=jnp.float32).reshape(rewards.shape)
     adv = advantages.get_estimator(name)(rewards, lengths_BxG=lengths_BxG, **kwargs)
+  elif name == 'slate':  # Each step's k candidate rows on their own (rollout/slate.py).
+    adv = slate.slate_advantages(rewards, k=run.config.slate.k, **kwargs)
   else:
     adv = advantages.get_estimator(name)(rewards, **kwargs)
   for transform in o.transforms:

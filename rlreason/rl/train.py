@@ -27,10 +27,10 @@ from rlreason.model import sharding
 from rlreason.rl import checkpoint
 from rlreason.rl import metrics as metrics_lib
 from rlreason.rl import mixed_policy
+from rlreason.rl import slate_steps
 from rlreason.rollout import episodes as episodes_lib
 from rlreason.rollout import rollback as rollback_lib
 from rlreason.rollout import sampler
-from rlreason.rollout import slate
 from rlreason.rl.rl_batch import (advantages_for, dynamic_filter, make_train_batch,
                                   provenance_metrics, score, score_episodes, tag_versions,
                                   throughput, zero_variance_fraction)
@@ -53,7 +53,7 @@ def sample_and_verify(run: Run, params, examples, rng, *, step: int, progress: f
   the policy's rewards; with hapo, teacher traces then replace some lowest-reward rows.
   """
   if run.config.slate.enabled:  # SLATE's candidate-step rows (rollout/slate.py).
-    return slate.sample_and_score(run, params, examples, rng, step=step, times=times)
+    return slate_steps.sample_and_score(run, params, examples, rng, step=step, times=times)
   if run.env is not None:
     return sample_episodes(run, params, examples, rng, step=step, times=times)
   rl, prompts = run.config.rl, encode_prompts(run, examples)

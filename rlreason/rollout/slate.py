@@ -17,8 +17,8 @@ softmax(A / η) and the environment steps on it; at most B = max_turns steps.
 
 Rows for the trainer: row (b, t, j) is the prompt, then the prefix τ_<t as given tokens
 (prefix_mask, out of the loss), then candidate j's step tokens, the only ones in
-`loss_mask_NxL`; its advantage is A_j on those tokens (the `slate` estimator below recomputes
-it from the step rewards in the loop). The objective is the loop's: objective.policy_loss
+`loss_mask_NxL`; its advantage is A_j on those tokens (objective.advantage='slate',
+`slate_advantages`, recomputes it from the step rewards in the loop). The objective is the loop's: objective.policy_loss
 'ppo_clip' (ε = 0.2) per token, objective.kl_coef 0.001 with the k3 estimator, aggregation
 'seq_mean_token_mean' (each candidate's token mean, averaged over the step's k and the steps).
 
@@ -36,17 +36,15 @@ environment's tool-call format decides what a step is), a final forced answer af
 """
 
 import dataclasses
-import time
 from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlreason.objectives import advantages as advantages_lib
 from rlreason.rollout import episodes as episodes_lib
 from rlreason.rollout import sampler
-from rlreason.rollout import slate_judge
+from rlreason.rollout import slate_judge  # Step and parse_step; the judges are passed in.
 from rlreason.structs import Rollout
 
 K, ETA, LAMBDA_BONUS, EPS = 5, 0.7, 0.1, 1e-6  # The reference code's defaults.
@@ -63,12 +61,18 @@ def step_reward(kind: str, r_think: float, r_action: float, *, step: int, budget
 
 
 def step_advantages(rewards_xK, *, eps: float = EPS):
-  """A = (r - mean) / (std + eps) over the last axis (unbiased std); 0 everywhere for k = 1."""
+  """A = (r - mean) / (std + eps) over the last axis (unbiased std); 0 everywhere for k = 1.
+
+  For k >= 2 this is objectives.advantages.grpo(scale='group', std_ddof=1, eps) on groups of
+  k (tests/slate_test.py checks it); rollout/ does not import objectives/.
+  """
   rewards_xK = jnp.asarray(rewards_xK, jnp.float32)
-  if rewards_xK.shape[-1] == 1:
-    return jnp.zeros_like(rewards_xK)
-  flat = rewards_xK.reshape(-1, rewards_xK.shape[-1])
-  return advantages_lib.grpo(flat, scale='group', std_ddof=1, eps=eps).reshape(rewards_xK.shape)
+  k = rewards_xK.shape[-1]
+  centred_xK = rewards_xK - rewards_xK.mean(axis=-1, keepdims=True)
+  if k == 1:
+    return centred_xK  # r - mean = 0; no std of one value.
+  std_x1 = jnp.sqrt(jnp.sum(centred_xK**2, axis=-1, keepdims=True) / (k - 1))
+  return centred_xK / (std_x1 + eps)
 
 
 def continuation_probs(adv_xK, *, eta: float = ETA):
@@ -87,14 +91,12 @@ def choose(adv_BxK, rng: jax.Array, *, eta: float = ETA) -> np.ndarray:
 
 
 def slate_advantages(rewards_BxG, *, k: int, eps: float = EPS):
-  """The loop's `slate` estimator: G = T·k rows per prompt, A over each step's k rows."""
+  """objective.advantage='slate' (rl_batch.advantages_for): G = T·k rows per prompt, A over
+  each step's k rows."""
   b, g = rewards_BxG.shape
   if g % k:
     raise ValueError(f'slate advantages: G = {g} rows per prompt is not max_turns x k = {k}.')
   return step_advantages(jnp.asarray(rewards_BxG).reshape(b, g // k, k), eps=eps).reshape(b, g)
-
-
-advantages_lib.ESTIMATORS['slate'] = slate_advantages  # objective.advantage = 'slate'
 
 
 def cut_at_stop(ids: Sequence[int], stop_seqs: Sequence[Sequence[int]]) -> list[int]:
@@ -267,37 +269,3 @@ def _extend(traj: dict, step: Sequence[int], logp, blogp, turn: int) -> None:
   traj['logp'] += [float(x) for x in logp[:len(step)]]
   traj['blogp'] += [float(x) for x in blogp[:len(step)]]
   traj['turn'] += [turn] * len(step)
-
-
-def make_judge(run):
-  """The run's step judge: config.slate.judge 'rule' (search_qa) or 'model' (config.judge)."""
-  if run.config.slate.judge == 'rule':
-    return slate_judge.SearchRuleJudge(verify=run.env.verify)
-  return slate_judge.ModelStepJudge(run.judge)
-
-
-def sample_and_score(run, params, examples, rng, *, step: int, times: dict):
-  """rl/train.py's SLATE rollout mode: (rollout, rl_batch.Scores) with the step rewards."""
-  from rlreason.rl import rl_batch  # The loop's types; rollout/ does not depend on rl/ otherwise.
-  e, rl, s = run.config.env, run.config.rl, run.config.slate
-  t0 = time.perf_counter()
-  with jax.set_mesh(run.sample_mesh):
-    out = sample_steps(
-        params, run.env, run.renderer, run.tok, examples, judge=make_judge(run), cfg=run.cfg,
-        k=s.k, max_turns=e.max_turns, max_turn_tokens=e.max_turn_tokens,
-        max_observation_tokens=e.max_observation_tokens, max_total_tokens=rl.max_new_tokens,
-        rng=rng, prompt_buckets=run.config.data.prompt_buckets, eta=s.eta,
-        lambda_bonus=s.lambda_bonus, temperature=rl.temperature, top_k=rl.top_k, top_p=rl.top_p,
-        pad_id=run.pad_id, max_chunks=rl.decode_chunks)
-  times['time/generate_s'] = times.get('time/generate_s', 0.0) + time.perf_counter() - t0
-  times['tokens/generate'] = times.get('tokens/generate', 0) + int(
-      out.rollout.loss_mask_NxL.sum())
-  rollout = rl_batch.tag_versions(out.rollout, version=step - 1)
-  run.data_iter.record(examples, np.repeat(out.episode_rewards_B[:, None],
-                                           out.rewards_BxG.shape[1], axis=1))
-  metrics = out.metrics()
-  metrics['train/zero_variance_frac'] = metrics['slate/zero_variance_step_frac']
-  scores = rl_batch.Scores(rewards_BxG=out.rewards_BxG, verifier_BxG=out.rewards_BxG,
-                           modes_BxG=np.full(out.rewards_BxG.shape, -1, np.int32),
-                           metrics=metrics)
-  return rollout, scores

@@ -1,7 +1,7 @@
-"""SLATE's step judges: a ternary score per step dimension (think, query, answer).
+"""SLATE's steps and its model judge: a ternary score per step dimension (think, query, answer).
 
-  judge = SearchRuleJudge(verify=env.verify)           # search_qa, no model
-  judge = ModelStepJudge(judge_lib.Judge(...))        # any task, a model judge
+  judge = envs.slate_rules.SearchRuleJudge(verify=env.verify)   # search_qa, no model
+  judge = ModelStepJudge(judge_lib.Judge(...))                  # any task, a model judge
   scores_Kx2 = judge.score(examples, histories, candidates, params=...)[b]
   # column 0: r_think, column 1: r_query (a search step) or r_answer (an answer step)
 
@@ -14,35 +14,22 @@ Provenance. Three dimensions on {-1, 0, +1}, judged separately, the search step 
 thinking and query, the answer step on thinking and answer: reference code (algoprog/SLATE
 @09223bc, slate/rewards/llm_judge.py, `evaluate_candidates_batch`). The model judge's rubrics
 restate that file's three criteria lists in our words, and ask for one label token, read as
-judge.py reads it (label log-probs, not a generated verdict): our formalisation. The rule judge
-is our formalisation of those rubrics on search_qa, where the facts are known:
-  think   0 if empty; +1 if it names the entity the next unresolved hop starts from (the
-          answer once every hop is resolved); 0 if it names another entity of the question or
-          of what was retrieved; -1 if it names none (irrelevant).
-  query   -1 if malformed, not a search call, or failing in the tool; +1 if its top-k hits
-          hold a fact of the gold chain not yet retrieved (progress); -1 if the chain facts it
-          hits were all retrieved already (redundant, the rubric's -1); 0 if it hits no chain
-          fact but names a known entity (targeted, not productive); -1 otherwise.
-  answer  +1 if the environment's verifier accepts it; 0 if the gold answer occurs in it
-          (ambiguous or padded); -1 otherwise.
+judge.py reads it (label log-probs, not a generated verdict): our formalisation. The rule
+judge of search_qa is envs/slate_rules.py (host-side, it runs the search tool).
 Deliberately not here: the early-answer bonus and the step reward (slate.py), generated
 critiques.
 """
 
 import dataclasses
 import re
-from typing import Any, Sequence
 
 import numpy as np
 
-from rlreason.envs import base
-from rlreason.envs import search
 from rlreason.rollout import judge as judge_lib
 
 # What opens a call in each format's text (llama3: the whole turn is the call).
 CALL_OPENERS = {'tags': '<call>', 'qwen': '<tool_call>', 'llama3': ''}
 _THINK = re.compile(r'<think>(.*?)(?:</think>|\Z)', re.DOTALL)
-_NAME = re.compile(r'[A-Z][a-z]+')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +39,7 @@ class Step:
   thinking: str
   kind: str  # 'search' | 'answer'
   content: str  # the answer's text, or the search step's queries
-  calls: tuple[base.ToolCall, ...] = ()
+  calls: tuple = ()  # envs.base.ToolCall
   errors: tuple[str, ...] = ()
 
 
@@ -74,74 +61,6 @@ def parse_step(text: str, fmt) -> Step:
              if kind == 'search' else after)
   return Step(text=text, thinking=thinking.strip(), kind=kind, content=content.strip(),
               calls=tuple(calls), errors=tuple(errors))
-
-
-def _names(text: str) -> set[str]:
-  return set(_NAME.findall(text))
-
-
-class SearchRuleJudge:
-  """The rule judge of search_qa (module docstring); `verify` is the environment's verifier."""
-
-  def __init__(self, *, verify):
-    self.verify = verify
-    self._facts: dict[str, tuple[list[str], list[str]]] = {}
-
-  def facts(self, example) -> tuple[list[str], list[str]]:
-    """(the gold chain's fact passages, each hop's subject), from the gold queries' top hits."""
-    if example.id not in self._facts:
-      index = search.TOOL.new_session(example.meta)
-      queries = [c['arguments']['query'] for c in example.meta['gold_calls']]
-      self._facts[example.id] = ([index.search(q, 1)[0][0] for q in queries],
-                                 [q.rsplit(' ', 1)[0] for q in queries])
-    return self._facts[example.id]
-
-  def score(self, examples: Sequence[Any], histories: Sequence[Sequence[dict]],
-            candidates: Sequence[Sequence[Step]], *, params=None) -> list[np.ndarray]:
-    del params  # No model.
-    return [np.array([self.score_step(ex, hist, c) for c in cands], np.float32).reshape(-1, 2)
-            for ex, hist, cands in zip(examples, histories, candidates)]
-
-  def score_step(self, example, history: Sequence[dict], step: Step) -> tuple[float, float]:
-    facts, subjects = self.facts(example)
-    seen = '\n'.join(h.get('observation') or '' for h in history)
-    known = _names(example.prompt) | _names(seen)
-    todo = [i for i, f in enumerate(facts) if f not in seen]
-    next_name = subjects[todo[0]] if todo else example.answer
-    r_think = 0.0
-    if step.thinking:
-      if next_name in step.thinking:
-        r_think = 1.0
-      elif not _names(step.thinking) & known:
-        r_think = -1.0
-    if step.kind == 'answer':
-      return r_think, self._answer(example, step)
-    return r_think, self._query(example, step, facts, seen, known)
-
-  def _answer(self, example, step: Step) -> float:
-    verdict = self.verify({'completion': step.content, 'answer': example.answer})
-    if not verdict.failed and verdict.reward > 0:
-      return 1.0
-    return 0.0 if example.answer and example.answer in step.content else -1.0
-
-  def _query(self, example, step: Step, facts, seen: str, known: set[str]) -> float:
-    if step.errors or not step.calls or any(c.name != 'search' for c in step.calls):
-      return -1.0
-    index = search.TOOL.new_session(example.meta)
-    hits, named = set(), False
-    for call in step.calls:
-      query, k = call.arguments.get('query'), call.arguments.get('k', search.DEFAULT_K)
-      if not isinstance(query, str) or not query.strip() or not isinstance(k, int) or not (
-          1 <= k <= search.MAX_K):
-        return -1.0  # The tool would refuse it (base.BAD_ARGUMENTS).
-      hits |= {p for p, _ in index.search(query, k)}
-      named |= bool(_names(query) & known)
-    chain_hits = hits & set(facts)
-    if any(f not in seen for f in chain_hits):
-      return 1.0
-    if chain_hits:
-      return -1.0
-    return 0.0 if named else -1.0
 
 
 THINK_RUBRIC = (

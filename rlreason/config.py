@@ -130,9 +130,13 @@ def default() -> ml_collections.ConfigDict:
   # 3e-3, for the demo's random-init model; TRL uses 2e-5), batch 256 sequences (was 64),
   # gradients clipped at 1.0 (was 0.0; verl's and TRL's), cosine decay to 0 over `steps` (verl's
   # schedule; the demos set decay=False, which some of their seeds needed).
+  # filter: which teacher traces are trained on (rl/rejection_sampling.py): 'unfiltered',
+  # 'answer' (a correct final answer) or 'rrs' (KBQA-R1's Referenced Rejection Sampling: the
+  # executed tool calls are the gold action sequence), up to filter_tries traces per problem;
+  # the last two execute the traces in the run's environment (env.enabled).
   c.sft = ml_collections.ConfigDict(dict(
       steps=0, batch_size=256, lr=1e-5, warmup_steps=50, decay=True, grad_clip=1.0, teacher='',
-      teacher_options={}))
+      teacher_options={}, filter='unfiltered', filter_tries=4))
 
   # Multi-turn episodes with tools (rollout/episodes.py, envs/). When enabled, each row is an
   # episode: the model's turns, the tools' observations between them, rl.max_new_tokens real

@@ -14,6 +14,8 @@ import ml_collections
 
 # HeaPA's boundary definitions (rl/prompt_schedule.py implements them).
 HEAPA_MODES = ('medium', 'easy_medium')
+# sft.filter's values: rl/rejection_sampling.py's FILTERS (tests/kbqa_r1_test.py checks).
+SFT_FILTERS = ('unfiltered', 'answer', 'rrs')
 
 
 def completion_length(config) -> int:
@@ -95,6 +97,7 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
   check(c.verifier.deadline_s > 0, f'verifier.deadline_s={c.verifier.deadline_s} must be > 0.')
   check(c.eval.k >= 1, f'eval.k={c.eval.k} must be >= 1.')
   _check_mixed_policy(c, check)
+  _check_sft_filter(c, check)
   if c.judge.enabled:
     from rlreason.rollout import judge
     for field, known in (('split', judge.SPLITTERS), ('aggregate', judge.AGGREGATES),
@@ -122,6 +125,18 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
     _check_r2po(c, check)
   if errors:
     raise ValueError('invalid config:\n  ' + '\n  '.join(errors))
+
+
+def _check_sft_filter(c, check) -> None:
+  """sft.filter 'answer' / 'rrs' execute a teacher's traces in the run's environment."""
+  s = c.sft
+  check(s.filter in SFT_FILTERS, f'sft.filter={s.filter!r}; known: {list(SFT_FILTERS)}.')
+  if s.filter != 'unfiltered' and s.steps > 0:
+    check(c.env.enabled, f'sft.filter={s.filter!r} executes the teacher\'s traces in the '
+                         'environment: set env.enabled and env.tools.')
+    check(bool(s.teacher), f'sft.filter={s.filter!r} filters a teacher\'s traces: set '
+                           'sft.teacher (e.g. rlreason.envs.kb_traces:kb_trace).')
+    check(s.filter_tries >= 1, f'sft.filter_tries={s.filter_tries} must be >= 1.')
 
 
 def _check_r2po(c, check) -> None:

@@ -332,3 +332,13 @@ def calculator_trace(example: example_lib.Example, rng, *, call_prob: float = 0.
   call = f'<call>{wrong_tool}: {{"expression": "{expression}"}}</call>'
   return [[call, True], [f'<result>{error}</result>', False],
           [answer_prefix + guess.rjust(width), True]]
+
+
+def resolved_gold_calls(example: example_lib.Example) -> list[base.ToolCall]:
+  """meta['gold_calls'] as run_gold executes them: each '$k' replaced by call k's output."""
+  calls, outputs = [], []
+  for call, result in zip(example.meta['gold_calls'], run_gold(example)):
+    calls.append(base.ToolCall(call['name'],
+                               {k: _resolve(v, outputs) for k, v in call['arguments'].items()}))
+    outputs.append(result.content)
+  return calls

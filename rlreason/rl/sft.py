@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlreason.rl import adapters
+from rlreason.rl import rejection_sampling
 from rlreason.rl import update
 from rlreason.rl.run_setup import Run, make_optimizer, prompt_text
 from rlreason.tasks import data
@@ -62,6 +63,8 @@ def sft_loop(run: Run, state, *, steps: int, writer=None, solutions=None, seed_o
 
   `solutions(examples, rng) -> list[str | None]` overrides the configured teacher (rejection
   sampling fine-tuning passes verified samples); rows whose solution is None are skipped.
+  Otherwise `sft.filter` ('rrs', 'answer') keeps only the teacher's traces that pass it when
+  executed in the run's environment (rl/rejection_sampling.py), `sft.filter_tries` per problem.
   `seed_offset` picks another problem stream, so that a continuation does not replay the
   warm start's problems.
   """
@@ -71,7 +74,11 @@ def sft_loop(run: Run, state, *, steps: int, writer=None, solutions=None, seed_o
   optimizer = make_optimizer(lr=s.lr, warmup_steps=s.warmup_steps, grad_clip=s.grad_clip,
                              decay_steps=steps if s.decay else 0)
   teacher = teacher_fn(s.teacher, s.teacher_options)
-  solutions = solutions or (lambda exs, rng: [teacher(ex, rng) for ex in exs])
+  filtered = None
+  if solutions is None and s.filter != 'unfiltered':
+    filtered = rejection_sampling.FilteredTeacher(run.env, teacher, filter=s.filter,
+                                                  tries=s.filter_tries)
+  solutions = solutions or filtered or (lambda exs, rng: [teacher(ex, rng) for ex in exs])
   # A copy: the jitted step donates its state, and callers may still hold `state`.
   sft_state = update.init_state(jax.tree.map(jnp.copy, state.params), optimizer)
   length = max(run.config.data.prompt_buckets) + run.config.rl.max_new_tokens + 1
@@ -105,5 +112,6 @@ def sft_loop(run: Run, state, *, steps: int, writer=None, solutions=None, seed_o
   # Back in the training layout: the SFT step's outputs carry whatever shardings XLA chose,
   # and a state in another layout would compile the RL train step a second time.
   state = state.replace(params=jax.device_put(sft_state.params, run.state_shardings.params))
-  return state, {f'sft/{k}': v for k, v in metrics.items()}
+  return state, {**{f'sft/{k}': v for k, v in metrics.items()},
+                 **(filtered.metrics() if filtered else {})}
 

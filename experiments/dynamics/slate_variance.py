@@ -10,8 +10,8 @@ of SLATE's estimator against full-trajectory GRPO's for T = 2, 3, 4?
   python -m experiments.dynamics.slate_variance --smoke          # seconds
   python -m experiments.dynamics.slate_variance --write_notebook # colab/10_*.ipynb
 
-Runtime: full run 34 s of CPU (3.2 min wall at load 10 on the shared 2-core machine); smoke
-about 4 s of CPU.
+Runtime: full run 25-34 s of CPU (3-5 min wall at load ~10 on the shared 2-core machine;
+two runs gave identical numbers); smoke about 4 s of CPU.
 
 Setup: search_qa (rlreason.envs.tasks, difficulty 1: 2-3 hop questions over 42 one-fact
 passages) in the real environment (the `search` tool's BM25, the 'tags' format, the exact

@@ -150,6 +150,11 @@ def default() -> ml_collections.ConfigDict:
       enabled=False, tools=(), family='tags', verifier='exact', max_turns=4, max_turn_tokens=64,
       max_observation_tokens=128, error_penalty=0.0, deadline_s=10.0, system_prompt='',
       chat_kwargs={}, workers=8, transcripts=16))
+  # MIND (envs/patient.py, rollout/typed_episodes.py): kind 'patient' is the simulated patient
+  # of data.task='patient_dx' instead of tools (options: info_gain_coef, ask_cost); state
+  # 'typed' prompts every turn with the typed evidence state alone, a row per turn (its prompt
+  # bucket: max(data.prompt_buckets)), 'raw' appends each answer to the conversation.
+  c.env.update(kind='tools', state='raw', options={})
   # CLEANER's rollback while collecting training episodes (rollout/rollback.py): a call failing
   # with one of its tool's error classes (error_classes: tool -> class names; a tool left out
   # keeps its declared default) is regenerated after a masked feedback turn and replaces the

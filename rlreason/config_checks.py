@@ -364,6 +364,8 @@ def _check_env(c, check) -> None:
   from rlreason.envs import registry as tool_registry
   from rlreason.verifiers import registry
   e, rl = c.env, c.rl
+  if e.get('kind', 'tools') != 'tools' or e.get('state', 'raw') != 'raw':
+    return _check_mind(c, check)  # MIND's patient and typed state: no tools.
   check(bool(e.tools), 'env.tools is empty; name the tools an episode offers, e.g. '
                        "('calculator',).")
   unknown = [t for t in e.tools if t not in tool_registry.TOOLS]
@@ -390,6 +392,52 @@ def _check_env(c, check) -> None:
     from rlreason.rollout import rollback
     for error in rollback.config_errors(e.rollback, tools=tuple(e.tools), max_turns=e.max_turns):
       check(False, error)
+
+
+def _check_mind(c, check) -> None:
+  """MIND's simulated patient and typed evidence state (envs/patient.py,
+  rollout/typed_episodes.py)."""
+  import inspect
+  from rlreason.envs import patient
+  from rlreason.objectives import advantages
+  from rlreason.objectives import losses
+  e, rl, o = c.env, c.rl, c.objective
+  check(e.kind in ('tools', 'patient'), f"env.kind={e.kind!r}; known: 'tools', 'patient'.")
+  check(e.state in patient.STATES, f'env.state={e.state!r}; known: {patient.STATES}.')
+  if e.kind != 'patient':
+    check(e.state == 'raw', f"env.state={e.state!r} needs an environment with a typed state: "
+                            "env.kind='patient'.")
+    return
+  check(c.data.source == 'task' and c.data.task == patient.TASK,
+        f"env.kind='patient' plays the patients of data.task={patient.TASK!r}; got "
+        f'data.source={c.data.source!r}, data.task={c.data.task!r}.')
+  unknown = sorted(set(e.options) - {'info_gain_coef', 'ask_cost'})
+  check(not unknown, f'env.options {unknown} unknown for the patient; known: info_gain_coef, '
+                     'ask_cost.')
+  check(all(v >= 0 for v in dict(e.options).values()),
+        f'env.options={dict(e.options)}: info_gain_coef and ask_cost must be >= 0.')
+  check(e.max_turns >= 1, f'env.max_turns={e.max_turns} must be >= 1.')
+  check(1 <= e.max_turn_tokens <= rl.max_new_tokens,
+        f'env.max_turn_tokens={e.max_turn_tokens} must be in [1, rl.max_new_tokens='
+        f'{rl.max_new_tokens}].')
+  check(e.state == 'typed' or e.max_turns == 1 or e.max_observation_tokens >= 1,
+        f'env.max_observation_tokens={e.max_observation_tokens} must be >= 1.')
+  slate = c.get('slate') is not None and c.slate.enabled
+  for section, on in (('hapo', c.hapo.enabled), ('prefix_rollouts', c.prefix_rollouts.enabled),
+                      ('judge', c.judge.enabled), ('overlong', c.overlong.enabled),
+                      ('env.rollback', e.rollback.enabled), ('slate', slate)):
+    check(not on, f"{section}.enabled does not apply to env.kind='patient' episodes.")
+  if e.state != 'typed':
+    return
+  check(o.advantage not in advantages.TOKEN_LEVEL,
+        f"env.state='typed' repeats each episode's group advantage over its turn rows; "
+        f'objective.advantage={o.advantage!r} is token-level.')
+  loss = losses.POLICY_LOSSES.get(o.policy_loss)
+  check(loss is None or 'group_size' not in inspect.signature(loss).parameters,
+        f"objective.policy_loss={o.policy_loss!r} reads rows in groups of rl.group_size; with "
+        "env.state='typed' a group's rows are G episodes x env.max_turns turns.")
+  check(not rl.dynamic_sampling, "rl.dynamic_sampling selects groups of rl.group_size rows; "
+                                 "env.state='typed' has G x env.max_turns rows per prompt.")
 
 
 def _check_slate(c, check) -> None:

@@ -131,6 +131,9 @@ def score_episodes(run, episodes) -> Scores:
   rewards_BxG = np.asarray(episodes.rewards_BxG, np.float32)
   metrics = episodes_lib.metrics(episodes)
   metrics['train/accuracy'] = float(np.mean(episodes_lib.correct_N(episodes)))
+  if any('info_gain' in t for turns in episodes.transcripts for t in turns):  # envs/patient.py
+    metrics['episodes/info_gain_mean'] = float(np.mean(
+        [sum(t.get('info_gain', 0.0) for t in turns) for turns in episodes.transcripts]))
   return Scores(rewards_BxG=rewards_BxG, verifier_BxG=rewards_BxG,
                 modes_BxG=np.full(rewards_BxG.shape, -1, np.int32), metrics=metrics)
 
@@ -319,6 +322,7 @@ def advantages_for(run, scores: Scores, stats, batch: TrainBatch, *, progress: f
     second = jnp.asarray(scores.modes_BxG) if transform == 'ifpo' else rewards
     kw = transform_kwargs(transform, o.transform_kwargs)
     adv = _transform_tokens(fn, adv, second, kw) if token_level else fn(adv, second, **kw)
-  if not token_level:
-    adv = jnp.broadcast_to(adv.reshape(-1)[:, None], mask_NxL.shape)
+  if not token_level:  # Typed-state episodes have a row per turn (rollout/typed_episodes.py):
+    per_episode = jnp.repeat(adv.reshape(-1), mask_NxL.shape[0] // adv.size)  # each gets A.
+    adv = jnp.broadcast_to(per_episode[:, None], mask_NxL.shape)
   return adv * mask_NxL, returns_NxL

@@ -340,6 +340,9 @@ def make_environment(config, tok, examples=()):
   """(ToolEnvironment, renderer) from config.env; `examples`' tool contexts are checked now
   (a missing corpus file fails at start-up, naming it)."""
   e = config.env
+  if e.get('kind', 'tools') == 'patient':  # MIND's simulated patient (envs/patient.py).
+    from rlreason.envs import patient
+    return patient.make_environment(config)
   env = environment_lib.ToolEnvironment(
       tools=tuple(e.tools), family=e.family, verifier=e.verifier, max_turns=e.max_turns,
       error_penalty=e.error_penalty, deadline_s=e.deadline_s)

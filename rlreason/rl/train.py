@@ -104,6 +104,14 @@ def run_episodes(run: Run, params, examples, rng, *, group_size: int, temperatur
   """G episodes per example with the run's environment (config.env), on the sampling mesh;
   `rollback` (rollout/rollback.Settings) for training episodes only."""
   e, rl = run.config.env, run.config.rl
+  if e.get('state', 'raw') == 'typed':  # MIND: a row per turn, prompted with the state alone.
+    from rlreason.rollout import typed_episodes
+    with jax.set_mesh(run.sample_mesh):
+      return typed_episodes.run_typed_episodes(
+          params, run.env, run.renderer, run.tok, examples, cfg=run.cfg, group_size=group_size,
+          max_turns=e.max_turns, max_turn_tokens=e.max_turn_tokens,
+          state_tokens=max(run.config.data.prompt_buckets), rng=rng, temperature=temperature,
+          top_k=rl.top_k, top_p=rl.top_p, pad_id=run.pad_id, max_chunks=rl.decode_chunks)
   with jax.set_mesh(run.sample_mesh):
     return episodes_lib.run_episodes(
         params, run.env, run.renderer, run.tok, examples, cfg=run.cfg, group_size=group_size,
@@ -135,7 +143,9 @@ def sample_episodes(run: Run, params, examples, rng, *, step: int, times: dict[s
 
 def write_transcripts(run: Run, episodes, examples, *, step: int, kind: str) -> None:
   from rlreason.envs import transcripts
-  g, r = episodes.rollout.group_size, episodes.rollout
+  # Typed-state episodes (rollout/typed_episodes.py) train on rows per turn; the transcript
+  # shows their conversation.
+  g, r = episodes.rewards_BxG.shape[1], getattr(episodes, 'conversation', episodes.rollout)
   prompts = [run.renderer.prompt_text(examples[n // g]) for n in range(len(episodes.rewards_N))]
   records = transcripts.records(
       run.tok, prompts=prompts, tokens_NxL=jax.device_get(r.tokens_NxL),
@@ -194,7 +204,8 @@ def rl_step(run: Run, state, step: int, times: dict[str, float]):
       if epoch:  # Reshuffle whole groups between epochs, deterministically per step.
         perm = np.random.default_rng([run.config.seed, step, epoch]).permutation(perm)
       for mb in np.array_split(perm, rl.minibatches):
-        rows = (mb[:, None] * rl.group_size + np.arange(rl.group_size)).reshape(-1)
+        per = len(batch.tokens_NxT) // rl.prompts_per_step  # G rows; G x turns when typed.
+        rows = (mb[:, None] * per + np.arange(per)).reshape(-1)
         state, step_metrics = stage.train_step(state, jax.tree.map(lambda x: x[rows], batch))
     state = jax.block_until_ready(state)  # So time/update_s is the update's, not its dispatch.
   times['tokens/update'] = rl.epochs * batch.mask_NxT.sum()

@@ -184,30 +184,30 @@ def _generate_fn(cfg, group_size, slots, max_new_tokens, greedy, top_k, top_p, s
       cache_dtype=cache_dtype, sample_dtype=sample_dtype))
 
 
-def _admit_group(params, prompts, prefixes, bi, temperature, *, cfg, group_size, cache_dtype,
-                 greedy):
-  """Group bi's prompt prefilled once, then its G rows' prefixes after it (as sampler.py):
-  (keys, values per layer for G rows x (P + Q) columns, mask GxW, pos_G, logits_GxV,
-  prefix plain log-probs GxQ)."""
-  g = group_size
+def _admit_groups(params, prompts, prefixes, bi, count, temperature, *, cfg, group_size,
+                  cache_dtype, greedy):
+  """Groups bi .. bi + count - 1: each prompt prefilled once, then its G rows' prefixes after
+  it (as sampler.py). Returns, for their count*G = R rows: keys and values per layer over
+  P + Q columns, mask RxW, pos_R, logits_RxV and the prefix plain log-probs RxQ (or None)."""
+  g = group_size * count
   p = prompts.tokens_BxP.shape[1]
-  tok_1xP = jax.lax.dynamic_slice_in_dim(prompts.tokens_BxP, bi, 1, 0)
-  mask_1xP = jax.lax.dynamic_slice_in_dim(prompts.mask_BxP, bi, 1, 0)
-  cache = transformer.init_cache(cfg, 1, p, cache_dtype)
+  tok_1xP = jax.lax.dynamic_slice_in_dim(prompts.tokens_BxP, bi, count, 0)
+  mask_1xP = jax.lax.dynamic_slice_in_dim(prompts.mask_BxP, bi, count, 0)
+  cache = transformer.init_cache(cfg, count, p, cache_dtype)
   h_1xPxD, cache = transformer.apply(params, tok_1xP, cfg=cfg, mask_NxT=mask_1xP, cache=cache,
                                      return_hidden=True)
-  logits_GxV = jnp.repeat(transformer.logits_from_hidden(params, h_1xPxD[:, -1:], cfg=cfg)[:, 0],
-                          g, axis=0)
-  pos_G = jnp.repeat(cache.pos_N, g)
-  rep = lambda x: jnp.repeat(x, g, axis=0)
+  rep = lambda x: jnp.repeat(x, group_size, axis=0)
+  logits_GxV = rep(transformer.logits_from_hidden(params, h_1xPxD[:, -1:], cfg=cfg)[:, 0])
+  pos_G = rep(cache.pos_N)
   keys = [rep(k) for k in cache.keys]
   values = [rep(v) for v in cache.values]
   mask_GxW = rep(cache.mask_NxS)
   lp_GxQ = None
   if prefixes is not None:
     q = prefixes.tokens_NxQ.shape[1]
-    tok_GxQ = jax.lax.dynamic_slice_in_dim(prefixes.tokens_NxQ, bi * g, g, 0)
-    pmask_GxQ = jax.lax.dynamic_slice_in_dim(prefixes.mask_NxQ, bi * g, g, 0).astype(bool)
+    tok_GxQ = jax.lax.dynamic_slice_in_dim(prefixes.tokens_NxQ, bi * group_size, g, 0)
+    pmask_GxQ = jax.lax.dynamic_slice_in_dim(prefixes.mask_NxQ, bi * group_size, g,
+                                             0).astype(bool)
     q_G = pmask_GxQ.sum(axis=1, dtype=jnp.int32)
     pcache = transformer.init_cache(cfg, g, q, cache_dtype, pos_N=pos_G).replace(
         frozen=(transformer.freeze(cache),))
@@ -251,7 +251,6 @@ def _generate(params, prompts, prefixes, temperature, rng, limit_N, *, cfg, grou
   rope_table = transformer.rope_table(cfg, p + q + m)
   row_keys_N = sampling.row_keys(rng, jnp.arange(n))
   admit_kw = dict(cfg=cfg, group_size=g, cache_dtype=cache_dtype, greedy=greedy)
-  slot_idx = jnp.arange(s)
 
   state = dict(
       t=jnp.int32(0), next_b=jnp.int32(0),
@@ -270,34 +269,57 @@ def _generate(params, prompts, prefixes, temperature, rng, limit_N, *, cfg, grou
   def can_admit(st):
     return (st['next_b'] < b) & (jnp.sum(~st['live_S']) >= g)
 
-  def admit(st):
+  def admit(st, admitted, slots_R, count, make):
+    """Writes `count` groups (made by `make`) into slots_R; slots_R = s and rows = n where
+    nothing is admitted (dropped), so the big buffers never pass through control flow (a
+    cond or inner loop that carries them copies them every step)."""
     bi = st['next_b']
-    keys, values, mask_GxW, pos_G, logits_GxV, lp_GxQ = _admit_group(
-        params, prompts, prefixes, bi, temperature, **admit_kw)
-    slots_G = jnp.nonzero(~st['live_S'], size=g)[0]  # The first G free slots.
-    rows_G = bi * g + jnp.arange(g)
+    keys, values, mask_RxW, pos_R, logits_RxV, lp_RxQ = make()
+    rows_R = jnp.where(admitted, bi * g + jnp.arange(count * g), n)
     st = dict(st)
-    st['hist_k'] = tuple(h.at[slots_G, :, :, :p + q].set(k.astype(kdt))
+    st['hist_k'] = tuple(h.at[slots_R, :, :, :p + q].set(k.astype(kdt), mode='drop')
                          for h, k in zip(st['hist_k'], keys))
-    st['hist_v'] = tuple(h.at[slots_G, :, :p + q].set(v.astype(kdt))
+    st['hist_v'] = tuple(h.at[slots_R, :, :p + q].set(v.astype(kdt), mode='drop')
                          for h, v in zip(st['hist_v'], values))
-    st['hist_mask'] = st['hist_mask'].at[slots_G].set(
-        jnp.pad(mask_GxW, ((0, 0), (0, width - p - q))))
-    st['row_S'] = st['row_S'].at[slots_G].set(rows_G)
-    st['j_S'] = st['j_S'].at[slots_G].set(0)
-    st['pos_S'] = st['pos_S'].at[slots_G].set(pos_G)
-    st['live_S'] = st['live_S'].at[slots_G].set(True)
-    st['logits_SxV'] = st['logits_SxV'].at[slots_G].set(logits_GxV)
-    st['slot_N'] = st['slot_N'].at[rows_G].set(slots_G)
-    st['admitted_B'] = st['admitted_B'].at[bi].set(st['t'])
-    if lp_GxQ is not None:
-      st['prefix_lp_NxQ'] = jax.lax.dynamic_update_slice_in_dim(st['prefix_lp_NxQ'], lp_GxQ,
-                                                                bi * g, 0)
-    st['next_b'] = bi + 1
+    st['hist_mask'] = st['hist_mask'].at[slots_R].set(
+        jnp.pad(mask_RxW, ((0, 0), (0, width - p - q))), mode='drop')
+    for name, x_R in (('row_S', rows_R), ('j_S', 0), ('pos_S', pos_R), ('live_S', True),
+                      ('logits_SxV', logits_RxV)):
+      st[name] = st[name].at[slots_R].set(x_R, mode='drop')
+    st['slot_N'] = st['slot_N'].at[rows_R].set(slots_R, mode='drop')
+    st['admitted_B'] = st['admitted_B'].at[jnp.where(admitted, bi + jnp.arange(count), b)].set(
+        st['t'], mode='drop')
+    if lp_RxQ is not None:
+      st['prefix_lp_NxQ'] = st['prefix_lp_NxQ'].at[rows_R].set(lp_RxQ, mode='drop')
+    st['next_b'] = bi + jnp.where(admitted, count, 0)
     return st
 
+  def admit_one(st):  # At most one group per step, when G slots are free.
+    ok = can_admit(st)
+    make = lambda: _admit_groups(params, prompts, prefixes, st['next_b'], 1, temperature,
+                                 **admit_kw)
+    zeros = lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(make))
+    slots_G = jnp.where(ok, jnp.nonzero(~st['live_S'], size=g)[0], s)  # The first G free.
+    return admit(st, ok, slots_G, 1, lambda: jax.lax.cond(ok, make, zeros))
+
+  # The first slots // G groups start together, their prompts prefilled in one call.
+  first = min(b, s // g)
+  state = admit(state, True, jnp.arange(first * g), first,
+                lambda: _admit_groups(params, prompts, prefixes, 0, first, temperature,
+                                      **admit_kw))
+
+  def one_row(tok, feed, keys, values, mask_W, col, pos):
+    cache = transformer.KVCache(keys=tuple(k[None] for k in keys),
+                                values=tuple(v[None] for v in values), mask_NxS=mask_W[None],
+                                end=col, pos_N=pos[None])
+    logits, cache = transformer.apply(params, tok[None, None], cfg=cfg,
+                                      mask_NxT=feed[None, None], cache=cache,
+                                      rope_table=rope_table)
+    return (logits[0, 0], tuple(k[0] for k in cache.keys), tuple(v[0] for v in cache.values),
+            cache.mask_NxS[0], cache.pos_N[0])
+
   def step(st):
-    st = jax.lax.while_loop(can_admit, admit, st)
+    st = admit_one(st)
     active_S, row_S, j_S = st['live_S'], st['row_S'], st['j_S']
     keys_S = sampling.step_keys(row_keys_N[row_S], j_S)
     tok_S, lp_S, blp_S = sampling.next_token(st['logits_SxV'], keys_S, temperature,
@@ -316,23 +338,15 @@ def _generate(params, prompts, prefixes, temperature, rng, limit_N, *, cfg, grou
     st['finished_N'] = st['finished_N'].at[jnp.where(finish_S, row_S, n)].set(
         st['t'], mode='drop')
     feed_S = active_S & ~finish_S
-    # One token per slot through a one-column cache that attends to the slot's segment.
-    cache = transformer.KVCache(
-        keys=tuple(jnp.zeros((s, kh, dh, 1), kdt) for _ in range(cfg.num_layers)),
-        values=tuple(jnp.zeros((s, kh, 1, dh), kdt) for _ in range(cfg.num_layers)),
-        mask_NxS=jnp.zeros((s, 1), bool), end=jnp.int32(0), pos_N=st['pos_S'],
-        frozen=(transformer.FrozenKV(keys=st['hist_k'], values=st['hist_v'],
-                                     mask_AxS=st['hist_mask']),))
-    logits, cache = transformer.apply(params, tok_S[:, None], cfg=cfg, mask_NxT=feed_S[:, None],
-                                      cache=cache, rope_table=rope_table)
-    col_S = jnp.where(feed_S, p + q + j_S, width)  # Each row's own column; unfed: dropped.
-    st['hist_k'] = tuple(h.at[slot_idx, :, :, col_S].set(k[..., 0], mode='drop')
-                         for h, k in zip(st['hist_k'], cache.keys))
-    st['hist_v'] = tuple(h.at[slot_idx, :, col_S].set(v[:, :, 0], mode='drop')
-                         for h, v in zip(st['hist_v'], cache.values))
-    st['hist_mask'] = st['hist_mask'].at[slot_idx, col_S].set(True, mode='drop')
-    st['pos_S'], st['j_S'], st['live_S'] = cache.pos_N, new_j_S, feed_S
-    st['logits_SxV'] = logits[:, 0]
+    # Each slot is its own one-row KVCache over its segment, written at the row's own column
+    # (vmap turns the per-row write into one scatter, done before attention reads the cache,
+    # so XLA updates the segments in place). A slot not fed writes a masked column.
+    col_S = jnp.minimum(p + q + j_S, width - 1)
+    logits_SxV, keys, values, mask_SxW, pos_S = jax.vmap(one_row)(
+        tok_S, feed_S, st['hist_k'], st['hist_v'], st['hist_mask'], col_S, st['pos_S'])
+    st['hist_k'], st['hist_v'], st['hist_mask'] = keys, values, mask_SxW
+    st['pos_S'], st['j_S'], st['live_S'] = pos_S, new_j_S, feed_S
+    st['logits_SxV'] = logits_SxV
     st['t'] = st['t'] + 1
     return st
 

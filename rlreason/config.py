@@ -90,6 +90,17 @@ def default() -> ml_collections.ConfigDict:
   c.r2po = ml_collections.ConfigDict(dict(enabled=False, switch_steps=(40, 80, 100),
                                           init_std=1e-6))
 
+  # A learned reward (rl/reward_model.py): with `path` (a directory it wrote), the RL reward is
+  # verifier_weight x verifier + weight x RM, RM = sigmoid(score) ('sigmoid': a pointwise model's
+  # P(right)) or the score ('raw'). train.enabled makes `python -m rlreason.main` train one
+  # instead of a policy, on `problems` training problems x `traces_per_problem` answers of
+  # sft.teacher labelled by the verifier ('pointwise' BCE, or 'pairwise' Bradley-Terry on each
+  # problem's best answer against its worse ones), `eval_problems` held-out ones for accuracy.
+  c.reward_model = ml_collections.ConfigDict(dict(
+      path='', weight=1.0, verifier_weight=0.0, transform='sigmoid',
+      train=dict(enabled=False, mode='pointwise', steps=300, batch_size=32, lr=3e-4,
+                 problems=512, traces_per_problem=4, eval_problems=128)))
+
   # DAPO's overlong shaping: a penalty for completions longer than L_max - cache_len (L_max:
   # the completion length, cache_len 0: L_max // 4) added to every reward. The `overlong`
   # verifier reads the same limits (and each completion's token count) from its items.

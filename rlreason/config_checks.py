@@ -123,6 +123,8 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
     _check_lora(c, check)
   if c.get('r2po') is not None and c.r2po.enabled:
     _check_r2po(c, check)
+  if c.get('reward_model') is not None:
+    _check_reward_model(c, check)
   if errors:
     raise ValueError('invalid config:\n  ' + '\n  '.join(errors))
 
@@ -151,6 +153,34 @@ def _check_r2po(c, check) -> None:
     check(not c[other].enabled, f'r2po.enabled with {other}.enabled: not supported together '
           f'(the rollout head is a second trainable tree the {other} path does not carry); '
           'turn one off.')
+
+
+def _check_reward_model(c, check) -> None:
+  """A learned reward's path and options, and its training settings (rl/reward_model.py)."""
+  import pathlib
+  r, t = c.reward_model, c.reward_model.train
+  if r.path:
+    check(pathlib.Path(r.path, 'reward_model.json').exists(),
+          f'reward_model.path={r.path!r} is not a reward model directory (no reward_model.json; '
+          'train one with reward_model.train.enabled=True).')
+    check(r.transform in ('sigmoid', 'raw'),
+          f"reward_model.transform={r.transform!r}; known: 'sigmoid', 'raw'.")
+    check(r.weight >= 0 and r.verifier_weight >= 0,
+          f'reward_model.weight={r.weight} and verifier_weight={r.verifier_weight} must be >= 0.')
+    check(not c.env.enabled, 'reward_model.path scores single-turn completions; env episodes '
+                             'are rewarded by their environment.')
+    check(not t.enabled, 'reward_model.train.enabled trains a reward model; reward_model.path '
+                         'uses one in an RL run: set one of them.')
+  if t.enabled:
+    check(t.mode in ('pointwise', 'pairwise'),
+          f"reward_model.train.mode={t.mode!r}; known: 'pointwise', 'pairwise'.")
+    for name in ('steps', 'batch_size', 'problems', 'traces_per_problem', 'eval_problems'):
+      check(t[name] >= 1, f'reward_model.train.{name}={t[name]} must be >= 1.')
+    check(t.lr > 0, f'reward_model.train.lr={t.lr} must be > 0.')
+    check(bool(c.sft.teacher), 'reward_model.train labels the answers of sft.teacher: set it '
+                               '(e.g. rlreason.tasks.arithmetic:flawed_solution).')
+    check(c.data.source == 'task', 'reward_model.train draws problems from a synthetic task '
+                                   "(data.source='task').")
 
 
 def _check_sandbox(c, check) -> None:

@@ -101,6 +101,9 @@ def score(run, rollout: Rollout, examples, *, progress: float, params=None,
         judge_rewards=result.rewards_N, progress=progress)
     rewards_BxG = np.array(rewards_N, np.float32).reshape(-1, g)
     metrics.update({**result.metrics(), **mix_metrics})
+  if run.reward_model is not None and judge:  # Training rewards only; evaluation counts verdicts.
+    rewards_BxG, rm_metrics = learned_rewards(run, rollout, rewards_BxG)
+    metrics.update(rm_metrics)
   if run.config.overlong.enabled:
     all_lengths_N = multihost.gather_rows(lengths_N)
     penalty_BxG = np.array([overlong.overlong_penalty(int(n), **limits) for n in all_lengths_N],
@@ -111,6 +114,19 @@ def score(run, rollout: Rollout, examples, *, progress: float, params=None,
   scores = Scores(rewards_BxG=rewards_BxG, verifier_BxG=verifier_BxG, modes_BxG=modes_BxG,
                   metrics=metrics)
   return scores, verdicts
+
+
+def learned_rewards(run, rollout: Rollout, rewards_BxG):
+  """verifier_weight x rewards + weight x the reward model's (config.reward_model), and metrics:
+  the RM's mean and how often its sign agrees with the verifier's verdict (reward > 0.5)."""
+  r = run.config.reward_model
+  tokens_NxT, mask_NxT = sampler.sequences(rollout)
+  scores_N = np.asarray(jax.device_get(run.reward_model.score(tokens_NxT, mask_NxT)), np.float32)
+  rm_N = 1.0 / (1.0 + np.exp(-scores_N)) if r.transform == 'sigmoid' else scores_N
+  agree = float(np.mean((scores_N > 0) == (rewards_BxG.reshape(-1) > 0.5)))
+  mixed = r.verifier_weight * rewards_BxG + r.weight * rm_N.reshape(rewards_BxG.shape)
+  return mixed.astype(np.float32), {'reward_model/mean': float(rm_N.mean()),
+                                    'reward_model/agreement': agree}
 
 
 def verify(run, rollout: Rollout, examples, *, progress: float, return_verdicts: bool = False,

@@ -77,6 +77,7 @@ class Run:
   renderer: Any = None  # and the text around its turns (envs.render).
   adapter: Any = None  # With lora.enabled: the frozen base and its merge (rl/adapters.py).
   stages: Any = None  # With r2po.enabled: its two stages' update pieces (rl/r2po.py).
+  reward_model: Any = None  # With reward_model.path: the loaded rl/reward_model.RewardModel.
 
   def policy(self, trainable):
     """The model's params from the TrainState's (what evaluation, export and the reference
@@ -317,6 +318,12 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
       eval_rng=multihost.replicate_key(jax.random.fold_in(root, 2), mesh),
       optimizer=optimizer, init_value_params=value_params, value_optimizer=value_optimizer,
       adapter=adapter, stages=stages)
+  if config.reward_model.path:  # A learned reward, scored on device (rl/reward_model.py).
+    if jax.process_count() > 1:
+      raise ValueError('reward_model.path: the reward model scores the whole batch on one host; '
+                       'multi-host runs are not supported yet.')
+    from rlreason.rl import reward_model
+    run.reward_model = reward_model.load(config.reward_model.path, vocab_size=tok.vocab_size)
   if critic.enabled:
     run.init_value_params = jax.device_put(value_params, state_sh.value_params)
     run.values = jax.jit(lambda p, v, t, m, l: update.values_step(

@@ -201,7 +201,8 @@ def test_rows_hold_the_prefix_then_one_step_and_match_a_teacher_forced_recompute
   out = slate.sample_steps(
       params, _FakeEnv(turns), RENDERER, TOK, examples, judge=_LengthJudge(), cfg=CFG, k=k,
       max_turns=turns, max_turn_tokens=step_tokens, max_observation_tokens=obs_tokens,
-      max_total_tokens=width, rng=jax.random.key(1), prompt_buckets=(48,),
+      # One bucket holds the prompt (43) plus the longest prefix (2 x 6 + 2 x 24): one compile.
+      max_total_tokens=width, rng=jax.random.key(1), prompt_buckets=(112,),
       stop_seqs=((TOK.token_to_id('!'),),))
   r, g = out.rollout, turns * k
   assert r.group_size == g and r.tokens_NxL.shape == (2 * g, width)

@@ -79,9 +79,12 @@ def default() -> ml_collections.ConfigDict:
   # weight in every layer; 'embed' / 'lm_head' too), scaled by alpha / rank, over a frozen
   # base stored as is, or quantised ('int8' | 'nf4': QLoRA). Only the adapter is trained,
   # has optimizer state and is checkpointed. dropout must be 0 (model/lora.py says why).
+  # routing 'dart' (model/dart.py): two adapters, reasoning and tool-call tokens routed per
+  # token by the env's call tags (needs env.enabled, family 'tags' or 'qwen'); no merged
+  # export. cea_every: log Capability Effect Attribution (rl/cea.py) every that many steps.
   c.lora = ml_collections.ConfigDict(dict(
       enabled=False, rank=16, alpha=32.0, dropout=0.0,
-      targets=('q', 'k', 'v', 'o', 'gate', 'up', 'down'), quantize=''))
+      targets=('q', 'k', 'v', 'o', 'gate', 'up', 'down'), quantize='', routing='', cea_every=0))
 
   # R²PO (rl/r2po.py): a residual rollout head W2 ReLU(W1 h) on the logits the sampler uses,
   # trained alone on the rarity reward (stage 1, steps 1..s1), then the backbone with the head

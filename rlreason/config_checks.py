@@ -121,6 +121,9 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
   _check_sandbox(c, check)
   if c.lora.enabled:
     _check_lora(c, check)
+  else:
+    check(not c.lora.get('routing') and not c.lora.get('cea_every'),
+          'lora.routing and lora.cea_every need lora.enabled=True.')
   if c.get('r2po') is not None and c.r2po.enabled:
     _check_r2po(c, check)
   if c.get('reward_model') is not None:
@@ -515,8 +518,37 @@ def _check_lora(c, check) -> None:
   check(bool(lc.targets), 'lora.targets is empty; e.g. ("q", "k", "v", "o").')
   check(not c.prefix_rollouts.enabled, 'prefix_rollouts.enabled is not supported with LoRA yet '
                                        '(its snapshots are full params).')
-  check(not c.export.peft_path or bool(c.export.path),
+  routing = lc.get('routing', '')
+  check(not c.export.peft_path or bool(c.export.path) or routing == 'dart',
         f'export.peft_path={c.export.peft_path!r} needs export.path (the merged model) too.')
+  _check_dart(c, check, routing)
+
+
+def _check_dart(c, check, routing: str) -> None:
+  """lora.routing and lora.cea_every (model/dart.py, rl/cea.py)."""
+  from rlreason.model import dart
+  lc, e = c.lora, c.env
+  check(routing in ('', 'dart'), f"lora.routing={routing!r}; known: '' (one adapter), 'dart'.")
+  cea_every = lc.get('cea_every', 0)
+  check(isinstance(cea_every, int) and cea_every >= 0,
+        f'lora.cea_every={cea_every!r} must be an integer >= 0 (0: off).')
+  if routing != 'dart' and not cea_every:
+    return
+  what = "lora.routing='dart'" if routing == 'dart' else f'lora.cea_every={cea_every}'
+  check(e.enabled and e.get('kind', 'tools') == 'tools' and e.family in dart.OPEN_TAGS,
+        f"{what} splits tokens by the env's call tags: it needs env.enabled with tools and "
+        f'env.family in {sorted(dart.OPEN_TAGS)} (got enabled={e.enabled}, family={e.family!r}'
+        '; llama3 calls have no open tag).')
+  if routing != 'dart':
+    return
+  check(not c.export.path, f'export.path={c.export.path!r}: a merged HF checkpoint cannot '
+        "represent lora.routing='dart' (each token picks its adapter); set export.path='' and "
+        'export.peft_path to write both adapters in PEFT format (peft_path/reason, /tool).')
+  for field, on in (('env.rollback.enabled', e.get('rollback', {}).get('enabled', False)),
+                    ('slate.enabled', c.slate.enabled),
+                    ("env.state='typed'", e.get('state', 'raw') == 'typed')):
+    check(not on, f"{field} is not supported with lora.routing='dart' (its loop feeds tokens "
+                  'through the cache without carrying the routing state).')
 
 
 def _check_verifier_items(c, check) -> None:

@@ -34,7 +34,8 @@ Quantised base ('int8' or 'nf4', see quantize.py): every attention and MLP proje
 layer is stored quantised, targeted or not (the base is frozen either way); the embedding,
 LM head, norms and biases stay in their dtype, as in QLoRA. merge dequantises them each call.
 
-Deliberately not here: unmerged (x A) B matmuls, per-token adapter routing, DoRA/rsLoRA.
+Deliberately not here: DoRA/rsLoRA; unmerged (x A) B matmuls and per-token adapter routing
+(DART's two adapters) are model/dart.py.
 """
 
 import dataclasses

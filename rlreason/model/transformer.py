@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlreason.model import attention
+from rlreason.model import dart
 from rlreason.model import rollout_head
 
 Params = Any  # nested dict of arrays, as returned by init_params.
@@ -242,13 +243,15 @@ class Attention(nnx.Module):
       self.k_norm = RMSNorm(dh, cfg.rms_norm_eps, pdt, rngs, axes=('head_dim',))
     self.cfg = cfg
 
-  def __call__(self, x_NxTxD, rope, mask_NxT, layer_cache):
-    """rope: the (cos, sin) tables of this call's positions (`rope_cos_sin`)."""
+  def __call__(self, x_NxTxD, rope, mask_NxT, layer_cache, lr=None):
+    """rope: the (cos, sin) tables of this call's positions (`rope_cos_sin`); lr: DART's
+    routed adapters of this layer (dart.layer), or None."""
     cfg, cdt = self.cfg, self.cfg.compute_dtype
-    proj = lambda w, eq: jnp.einsum(eq, x_NxTxD, w[...].astype(cdt))
-    q_NxTxHxDh = proj(self.q, 'ntd,dhk->nthk')
-    k_NxTxKxDh = proj(self.k, 'ntd,dhk->nthk')
-    v_NxTxKxDh = proj(self.v, 'ntd,dhk->nthk')
+    proj = lambda w, eq, name: (jnp.einsum(eq, x_NxTxD, w[...].astype(cdt))
+                                + dart.lowrank(lr, 'attn', name, x_NxTxD, 1, cdt))
+    q_NxTxHxDh = proj(self.q, 'ntd,dhk->nthk', 'q')
+    k_NxTxKxDh = proj(self.k, 'ntd,dhk->nthk', 'k')
+    v_NxTxKxDh = proj(self.v, 'ntd,dhk->nthk', 'v')
     if cfg.qkv_bias:
       q_NxTxHxDh += self.q_bias[...].astype(cdt)
       k_NxTxKxDh += self.k_bias[...].astype(cdt)
@@ -263,7 +266,8 @@ class Attention(nnx.Module):
       out_NxTxKxRxDh = attention.causal_attention(q_NxTxKxRxDh, k_NxTxKxDh, v_NxTxKxDh,
                                                   mask_NxT)
       out_NxTxHxDh = out_NxTxKxRxDh.reshape(n, t, cfg.num_heads, cfg.head_dim)
-      return jnp.einsum('nthk,hkd->ntd', out_NxTxHxDh, self.o[...].astype(cdt)), None
+      return (jnp.einsum('nthk,hkd->ntd', out_NxTxHxDh, self.o[...].astype(cdt))
+              + dart.lowrank(lr, 'attn', 'o', out_NxTxHxDh, 2, cdt)), None
 
     # Write this call's keys at slots [end, end + T), attend to every valid slot <= own and
     # to the frozen segments' valid slots.
@@ -278,7 +282,8 @@ class Attention(nnx.Module):
     segments.append((keys_NxKxDhxS, values_NxKxSxDh, causal_TxS[None] & cache_mask_NxS[:, None]))
     out_NxTxKxRxDh = attention.cache_attention(q_NxTxKxRxDh, segments, dtype=cdt)
     out_NxTxHxDh = out_NxTxKxRxDh.reshape(n, t, cfg.num_heads, cfg.head_dim)
-    y_NxTxD = jnp.einsum('nthk,hkd->ntd', out_NxTxHxDh, self.o[...].astype(cdt))
+    y_NxTxD = (jnp.einsum('nthk,hkd->ntd', out_NxTxHxDh, self.o[...].astype(cdt))
+               + dart.lowrank(lr, 'attn', 'o', out_NxTxHxDh, 2, cdt))
     return y_NxTxD, (keys_NxKxDhxS, values_NxKxSxDh)
 
 
@@ -291,17 +296,21 @@ class MLP(nnx.Module):
     self.down = _param(rngs, (f, d), ('mlp', 'embed'), pdt)
     self.cdt = cfg.compute_dtype
 
-  def __call__(self, x_NxTxD):
+  def __call__(self, x_NxTxD, lr=None):
+    """lr: DART's routed adapters of this layer (dart.layer), or None."""
+    low = lambda name, x: dart.lowrank(lr, 'mlp', name, x, 1, self.cdt)
     if x_NxTxD.shape[1] == 1:  # Decoding: stacking would copy both weights every step.
-      gate_NxTxF = x_NxTxD @ self.gate[...].astype(self.cdt)
-      up_NxTxF = x_NxTxD @ self.up[...].astype(self.cdt)
-      return (jax.nn.silu(gate_NxTxF) * up_NxTxF) @ self.down[...].astype(self.cdt)
+      gate_NxTxF = x_NxTxD @ self.gate[...].astype(self.cdt) + low('gate', x_NxTxD)
+      up_NxTxF = x_NxTxD @ self.up[...].astype(self.cdt) + low('up', x_NxTxD)
+      hidden_NxTxF = jax.nn.silu(gate_NxTxF) * up_NxTxF
+      return hidden_NxTxF @ self.down[...].astype(self.cdt) + low('down', hidden_NxTxF)
     # Training and prefill: one matmul for both input projections, stacked on a new axis so
     # each keeps its own 'mlp' sharding; the backward then sums one product for dx, not two.
     w_Dx2xF = jnp.stack([self.gate[...], self.up[...]], axis=1).astype(self.cdt)
     gate_up_NxTx2xF = jnp.einsum('ntd,dcf->ntcf', x_NxTxD, w_Dx2xF)
-    hidden_NxTxF = jax.nn.silu(gate_up_NxTx2xF[..., 0, :]) * gate_up_NxTx2xF[..., 1, :]
-    return hidden_NxTxF @ self.down[...].astype(self.cdt)
+    hidden_NxTxF = (jax.nn.silu(gate_up_NxTx2xF[..., 0, :] + low('gate', x_NxTxD))
+                    * (gate_up_NxTx2xF[..., 1, :] + low('up', x_NxTxD)))
+    return hidden_NxTxF @ self.down[...].astype(self.cdt) + low('down', hidden_NxTxF)
 
 
 class Block(nnx.Module):
@@ -312,10 +321,10 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype, rngs)
     self.mlp = MLP(cfg, rngs)
 
-  def __call__(self, x_NxTxD, rope, mask_NxT, layer_cache):
-    y_NxTxD, new_kv = self.attn(self.attn_norm(x_NxTxD), rope, mask_NxT, layer_cache)
+  def __call__(self, x_NxTxD, rope, mask_NxT, layer_cache, lr=None):
+    y_NxTxD, new_kv = self.attn(self.attn_norm(x_NxTxD), rope, mask_NxT, layer_cache, lr)
     x_NxTxD = x_NxTxD + y_NxTxD
-    return x_NxTxD + self.mlp(self.mlp_norm(x_NxTxD)), new_kv
+    return x_NxTxD + self.mlp(self.mlp_norm(x_NxTxD), lr), new_kv
 
 
 class Transformer(nnx.Module):
@@ -329,7 +338,8 @@ class Transformer(nnx.Module):
       self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ('embed', 'vocab'),
                             cfg.param_dtype)
 
-  def hidden(self, tokens_NxT, rope, mask_NxT, cache: KVCache | None):
+  def hidden(self, tokens_NxT, rope, mask_NxT, cache: KVCache | None, dart_in=None):
+    """dart_in: (params carrying DART's adapters, route_NxT), or None."""
     cfg = self.cfg
     x_NxTxD = jnp.take(self.embed[...], tokens_NxT, axis=0).astype(cfg.compute_dtype)
     block_call = lambda block, *args: block(*args)
@@ -345,7 +355,8 @@ class Transformer(nnx.Module):
       layer_cache = None if cache is None else (
           cache.keys[i], cache.values[i], cache_mask_NxS, cache.end,
           [(f.keys[i], f.values[i], f.mask_AxS) for f in cache.frozen])
-      x_NxTxD, new_kv = block_call(self.layers[str(i)], x_NxTxD, rope, mask_NxT, layer_cache)
+      lr = None if dart_in is None else dart.layer(dart_in[0], dart_in[1], i)
+      x_NxTxD, new_kv = block_call(self.layers[str(i)], x_NxTxD, rope, mask_NxT, layer_cache, lr)
       if new_kv is not None:
         new_keys.append(new_kv[0])
         new_values.append(new_kv[1])
@@ -391,7 +402,8 @@ def default_positions(mask_NxT, cache: KVCache | None = None):
 
 
 def apply(params: Params, tokens_NxT, *, cfg: ModelConfig, mask_NxT=None, positions_NxT=None,
-          cache: KVCache | None = None, return_hidden: bool = False, rope_table=None):
+          cache: KVCache | None = None, return_hidden: bool = False, rope_table=None,
+          route_NxT=None):
   """Runs the transformer on T new tokens per row.
 
   Args:
@@ -406,6 +418,9 @@ def apply(params: Params, tokens_NxT, *, cfg: ModelConfig, mask_NxT=None, positi
       losses that project to the vocabulary chunk by chunk (see `logits_from_hidden`).
     rope_table: `rope_table(cfg, size)` with size above every position, to gather RoPE's
       cos and sin rather than compute them (for loops that call `apply` many times).
+    route_NxT: with DART's adapters in params (model/dart.py), True for tool-call tokens;
+      required with a cache (the caller carries the routing state), computed from the
+      tokens when None without one.
 
   Returns:
     (logits_NxTxV in fp32, or hidden_NxTxD; the updated cache or None).
@@ -420,8 +435,17 @@ def apply(params: Params, tokens_NxT, *, cfg: ModelConfig, mask_NxT=None, positi
   else:
     # Clipped: left padding has position -1 (its keys are never attended to).
     rope = tuple(jnp.take(t, positions_NxT, axis=0, mode='clip') for t in rope_table)
-  model = _merge(rollout_head.detach(params), cfg)
-  h_NxTxD, keys, values = model.hidden(tokens_NxT, rope, mask_NxT, cache)
+  dart_in = None
+  if dart.has(params):  # DART: routed adapters, not in the model's own params.
+    if route_NxT is None:
+      if cache is not None:
+        raise ValueError('transformer.apply: params carry DART adapters and a cache was given, '
+                         'but no route_NxT: a cached call sees only its new tokens, so the '
+                         'caller must carry the routing state (dart.feed).')
+      route_NxT, _ = dart.route(tokens_NxT, mask_NxT, params[dart.KEY])
+    dart_in = (params, route_NxT)
+  model = _merge(rollout_head.detach(dart.detach(params)), cfg)
+  h_NxTxD, keys, values = model.hidden(tokens_NxT, rope, mask_NxT, cache, dart_in)
   new_cache = None
   if cache is not None:
     t = tokens_NxT.shape[1]

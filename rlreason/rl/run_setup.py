@@ -250,8 +250,10 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
   param_sh = sharding.param_shardings(cfg, mesh, sharding.TRAIN_RULES)
   adapter, trainable_sh = None, param_sh
   if adapters.lora_config(config) is not None:  # Train an adapter; the base stays frozen.
-    adapter, params, trainable_sh = adapters.setup(config, cfg, params, mesh, param_sh)
+    adapter, params, trainable_sh = adapters.setup(config, cfg, params, mesh, param_sh, tok=tok)
   sample_sh = sharding.param_shardings(cfg, sample_mesh, sharding.SAMPLE_RULES)
+  # DART: the policy carries its routed adapters (rl/adapters.py).
+  sample_sh = adapters.rollout_shardings(adapter, sample_sh, trainable_sh, sample_mesh)
   if config.r2po.enabled:  # The model's params + the rollout head.
     params, trainable_sh = r2po.setup(config, cfg, params, mesh, param_sh)
     sample_sh = r2po.with_head_shardings(sample_sh, params, sample_mesh, sharding.SAMPLE_RULES)

@@ -24,6 +24,8 @@ import numpy as np
 from rlreason import config as config_lib
 from rlreason import multihost
 from rlreason.model import sharding
+from rlreason.rl import adapters
+from rlreason.rl import cea
 from rlreason.rl import checkpoint
 from rlreason.rl import metrics as metrics_lib
 from rlreason.rl import mixed_policy
@@ -199,6 +201,7 @@ def rl_step(run: Run, state, step: int, times: dict[str, float]):
     adv_NxL, returns_NxL = advantages_for(run, scores, stats, batch, progress=progress,
                                           advantage=stage.advantage)
     batch = batch.replace(advantages_NxL=adv_NxL, returns_NxL=returns_NxL)
+    metrics.update(cea.metrics(run, state.params, batch, step))  # lora.cea_every (rl/cea.py)
     perm = np.arange(rl.prompts_per_step)
     for epoch in range(rl.epochs):
       if epoch:  # Reshuffle whole groups between epochs, deterministically per step.
@@ -258,6 +261,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[st
     writer.progress(pending[0], writer.write(*pending), keys=('train/reward', 'eval/pass@1'))
   if config.export.path:
     export_policy(run, state.params, config.export.path, dtype=config.export.dtype)
+  elif config.export.peft_path and run.adapter is not None and run.adapter.routing:
+    adapters.export_dart(config, run.cfg, run.adapter, state.params)  # no merged model
   run.close()
   writer.close()
   preempt.restore_handlers()

@@ -23,7 +23,9 @@ conversation a full forward would. The completion columns hold the row's real to
 left (sampled, observation, sampled, ...): `loss_mask_NxL` marks the sampled ones, `turn_NxL`
 the turn each token belongs to (an observation carries the index of the turn it answers).
 Three jitted functions (start, decode a turn, observe) with shapes fixed by the arguments:
-an episode batch compiles once per prompt bucket, whatever the number of turns.
+an episode batch compiles once per prompt bucket, whatever the number of turns. Params that
+carry DART's routed adapters (model/dart.py) get each fed token's route from a per-row
+recurrence state carried in `_State.route`.
 
 Deliberately not here: a paged or per-turn segmented cache (every decode step reads the
 row's whole cache), asynchronous tool calls overlapping decoding, rewriting earlier turns
@@ -42,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlreason.model import dart
 from rlreason.model import sharding
 from rlreason.model import transformer
 from rlreason.rollout import rollback as rollback_lib
@@ -61,6 +64,7 @@ class _State:
   sampled_NxL: jax.Array  # bool: a token the policy sampled (the loss mask)
   turn_NxL: jax.Array
   count_N: jax.Array  # real completion tokens so far
+  route: Any = None  # With DART adapters in the params: each row's dart.RouteState.
 
 
 @dataclasses.dataclass
@@ -278,9 +282,10 @@ def _start_fn(*, cfg, group_size, length, slots, pad_id, cache_dtype, mesh):
     b, p = prompts.tokens_BxP.shape
     n = b * group_size
     prompt_cache = transformer.init_cache(cfg, b, p, cache_dtype)
+    route_BxP, route = dart.feed(params, prompts.tokens_BxP, prompts.mask_BxP, None)
     h_BxPxD, prompt_cache = transformer.apply(params, prompts.tokens_BxP, cfg=cfg,
                                               mask_NxT=prompts.mask_BxP, cache=prompt_cache,
-                                              return_hidden=True)
+                                              return_hidden=True, route_NxT=route_BxP)
     logits_BxV = transformer.logits_from_hidden(params, h_BxPxD[:, -1:], cfg=cfg)[:, 0]
     rows = functools.partial(_on_rows, mesh=mesh)
     shared = jax.tree.map(rows, transformer.freeze(prompt_cache))
@@ -292,7 +297,8 @@ def _start_fn(*, cfg, group_size, length, slots, pad_id, cache_dtype, mesh):
                   tokens_NxL=rows(jnp.full((n, length), pad_id, jnp.int32)),
                   logp_NxL=zeros(jnp.float32), blogp_NxL=zeros(jnp.float32),
                   sampled_NxL=zeros(bool), turn_NxL=zeros(jnp.int32),
-                  count_N=rows(jnp.zeros((n,), jnp.int32)))
+                  count_N=rows(jnp.zeros((n,), jnp.int32)),
+                  route=jax.tree.map(lambda x: rows(jnp.repeat(x, group_size, axis=0)), route))
 
   return jax.jit(start)
 
@@ -336,11 +342,12 @@ def _decode_fn(*, cfg, group_size, length, slots, pad_id, cache_dtype, mesh, ste
           sampled_NxL=_write(st.sampled_NxL, col_N, jnp.ones_like(going_N), going_N),
           turn_NxL=_write(st.turn_NxL, col_N, jnp.broadcast_to(turn, (n,)), going_N),
           count_N=st.count_N + going_N)
+      route_Nx1, route = dart.feed(params, tok_N[:, None], going_N[:, None], st.route)
       logits, cache = transformer.apply(params, tok_N[:, None], cfg=cfg,
                                         mask_NxT=going_N[:, None], cache=st.cache,
-                                        rope_table=rope_table)
+                                        rope_table=rope_table, route_NxT=route_Nx1)
       st = st.replace(cache=cache, logits_NxV=jnp.where(going_N[:, None], logits[:, 0],
-                                                        st.logits_NxV))
+                                                        st.logits_NxV), route=route)
       recent_NxW = jnp.where(going_N[:, None],
                              jnp.concatenate([recent_NxW[:, 1:], tok_N[:, None]], 1), recent_NxW)
       hit_eos = jnp.any(tok_N[:, None] == eos_E, axis=-1)
@@ -364,8 +371,9 @@ def _observe_fn(*, cfg, group_size, length, slots, pad_id, cache_dtype, mesh, wi
 
   def observe(params, state: _State, obs_NxO, mask_NxO, turn) -> _State:
     n = obs_NxO.shape[0]
+    route_NxO, route = dart.feed(params, obs_NxO, mask_NxO, state.route)
     h_NxOxD, cache = transformer.apply(params, obs_NxO, cfg=cfg, mask_NxT=mask_NxO,
-                                       cache=state.cache, return_hidden=True)
+                                       cache=state.cache, return_hidden=True, route_NxT=route_NxO)
     len_N = mask_NxO.sum(axis=1, dtype=jnp.int32)
     last_N = jnp.maximum(len_N - 1, 0)
     h_NxD = jnp.take_along_axis(h_NxOxD, last_N[:, None, None], axis=1)[:, 0]
@@ -375,7 +383,7 @@ def _observe_fn(*, cfg, group_size, length, slots, pad_id, cache_dtype, mesh, wi
     put = lambda buf, x: buf.at[jnp.arange(n)[:, None], cols_NxO].set(x.astype(buf.dtype),
                                                                       mode='drop')
     return state.replace(
-        cache=cache,
+        cache=cache, route=route,
         logits_NxV=jnp.where((len_N > 0)[:, None], logits_NxV, state.logits_NxV),
         tokens_NxL=put(state.tokens_NxL, obs_NxO),
         turn_NxL=put(state.turn_NxL, jnp.broadcast_to(turn, obs_NxO.shape)),

@@ -15,7 +15,7 @@ turn (rollout/typed_episodes.py); 'raw' appends each answer to the conversation
 tokens (characters): the typed state's bucket, and the raw conversation's budget (a 12-token
 complaint + 92 completion tokens, less the last turn's 8).
 
-Model: 2 layers, d=64, character tokenizer; warm start: 300 SFT steps on the scripted teacher
+Model: 2 layers, d=64, character tokenizer; warm start: 800 SFT steps on the scripted teacher
 (most informative question, then the diagnosis), then 30 GRPO steps of 16 prompts x G=8.
 Measured numbers: experiments/dynamics/mind_state.py's docstring (its make_config holds the
 settings).

@@ -444,11 +444,13 @@ def _check_mind(c, check) -> None:
   check(c.data.source == 'task' and c.data.task == patient.TASK,
         f"env.kind='patient' plays the patients of data.task={patient.TASK!r}; got "
         f'data.source={c.data.source!r}, data.task={c.data.task!r}.')
-  unknown = sorted(set(e.options) - {'info_gain_coef', 'ask_cost'})
-  check(not unknown, f'env.options {unknown} unknown for the patient; known: info_gain_coef, '
-                     'ask_cost.')
-  check(all(v >= 0 for v in dict(e.options).values()),
-        f'env.options={dict(e.options)}: info_gain_coef and ask_cost must be >= 0.')
+  options = dict(e.options)
+  unknown = sorted(set(options) - set(patient.OPTIONS))
+  check(not unknown, f'env.options {unknown} unknown for the patient; known: {patient.OPTIONS}.')
+  check(all(options.get(k, 0) >= 0 for k in ('info_gain_coef', 'ask_cost')),
+        f'env.options={options}: info_gain_coef and ask_cost must be >= 0.')
+  check(options.get('gain', 'entropy') in patient.GAINS,
+        f"env.options.gain={options.get('gain')!r}; known: {patient.GAINS}.")
   check(e.max_turns >= 1, f'env.max_turns={e.max_turns} must be >= 1.')
   check(1 <= e.max_turn_tokens <= rl.max_new_tokens,
         f'env.max_turn_tokens={e.max_turn_tokens} must be in [1, rl.max_new_tokens='

@@ -77,6 +77,8 @@ def test_typed_state_after_a_hand_scripted_consultation():
   evidence += [('d', 'unsure')]
   assert patient.render_state(BANK, evidence) == ('ev a+ b- d?\nchk c\ndif B D\nsup B1/2 D1/1\n'
                                                   'low d\n')
+  # 'unsure' leaves a check unresolved: b, answered unsure, still splits A from B and D.
+  assert patient.checks(BANK, [('a', 'yes'), ('b', 'unsure')]) == ('b', 'c')
   evidence += [('c', 'yes')]
   assert patient.render_state(BANK, evidence) == 'ev a+ b- d? c+\nchk -\ndif B\nsup B2/2\nlow d\n'
 
@@ -99,6 +101,19 @@ def test_information_gain_reward_on_a_hand_case():
   assert state.reward == pytest.approx(1.0 + 0.1362406 - 0.02 + 0.24, abs=1e-6)
   assert state.info_gain == pytest.approx(math.log2(3))  # telescopes to H_0 - H_end
   assert state.tool_calls == 4 and not state.errors
+
+
+def test_resolved_gain_is_the_reference_count_of_resolved_checks():
+  # mind_v2/mind/reward/info_gain.py: coef x |M_{t-1} minus M_t|, here 1 per check answered
+  # yes/no. From [a+]: M = (b, c). ask b (no): 1 -> 0.3; ask d (unsure, not a check): 0;
+  # ask c (yes, a check of {B, D}): 1 -> 0.3; ask a again (not a check): 0.
+  env = patient.PatientEnvironment(max_turns=8, info_gain_coef=0.3, gain='resolved')
+  state = _hand_state(env)
+  rewards = [env.step(state, f'ask {x}\n').reward for x in 'bdca']
+  assert rewards == pytest.approx([0.3, 0.0, 0.3, 0.0])
+  state = _hand_state(env)
+  env.step(state, 'ask b\n')
+  assert env.step(state, 'ask d\n').info['resolved'] == 0
 
 
 def test_wrong_diagnosis_malformed_actions_and_the_turn_limit():
@@ -234,6 +249,7 @@ def test_advantages_repeat_each_episode_over_its_turn_rows():
     ('state', 'bogus', 'env.state'),
     ('kind', 'doctor', 'env.kind'),
     ('options', {'temperature': 1.0}, 'env.options'),
+    ('options', {'gain': 'kl'}, 'env.options.gain'),
 ])
 def test_config_checks_name_the_field(field, value, message):
   from experiments import mind

@@ -63,7 +63,7 @@ def make_config(mode: str, info_gain_coef: float, smoke: bool):
   else:  # The conversation before any turn fits in state_tokens.
     c.data.prompt_buckets = (complaint_tokens,)
     c.rl.max_new_tokens = state_tokens - complaint_tokens + c.env.max_turn_tokens
-  c.sft.update(steps=300, batch_size=32, lr=3e-3, warmup_steps=20, decay=False,
+  c.sft.update(steps=800, batch_size=32, lr=3e-3, warmup_steps=20, decay=False,
                teacher='rlreason.envs.patient:teacher_trace', teacher_options={'state': mode})
   c.rl.update(steps=30, prompts_per_step=16, group_size=8, temperature=1.0)
   c.objective.update(advantage='grpo', policy_loss='ppo_clip', aggregation='token_mean')

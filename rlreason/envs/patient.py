@@ -1,10 +1,12 @@
 """MIND's consultation environment: a simulated patient and the typed evidence state.
 
-MIND (Lingxi-mental-health/MIND; only its abstract is at hand, /work/shared/seeds) conditions
-a consultation policy on a typed state built each turn, instead of the raw dialogue history:
-observed evidence, unresolved criterion checks, active differentials, criterion-linked
-supports and reliability metadata; the same state scores information gain and process
-rewards. Everything below the abstract's words is our formalisation, on a synthetic bank:
+MIND (its abstract in /work/shared/seeds; reference code Lingxi-mental-health/MIND, mind_v2/)
+conditions a consultation policy on a typed state E_t = (O, M, D, S, R) built each turn
+(mind_v2/mind/evidence_state/state.py), instead of the raw dialogue history: observed evidence
+(confirmed / negated), missing criterion checks (unknown or unclear), active differentials,
+criterion-linked supports and reliability metadata; the same state scores information gain.
+The reference works on psychiatric dialogues with an LLM patient and supports retrieved from
+a case bank; here, on a synthetic bank, each field is our formalisation unless marked:
 
   bank        `num_conditions` conditions (A, B, ...) over `num_findings` findings (a, b, ...);
               condition c's criteria are the findings present in its profile (a distinct
@@ -18,17 +20,26 @@ rewards. Everything below the abstract's words is our formalisation, on a synthe
               turn, ended by a newline.
   posterior   uniform over the conditions consistent with every certain answer (the answers
               are noiseless, an unsure one carries no information): H = log2 |consistent|.
-  reward      'dx C': 1 if C is the hidden condition, else 0 (the episode ends). 'ask x':
-              info_gain_coef * (H_before - H_after) / log2(num_conditions) - ask_cost, the
-              entropy reduction normalised so that resolving the whole differential from the
-              uniform prior sums to info_gain_coef. Over an episode the information-gain terms
-              telescope to info_gain_coef * (H_0 - H_end) / log2 K: they pay for narrowing the
-              differential, not for the order of the questions.
-  typed state evidence (finding + yes, - no, ? unsure, in the order asked, the complaint
-              first), checks (findings not asked yet on which the active differentials
-              disagree), differentials (the consistent conditions), supports (per differential:
-              its criteria confirmed / its criteria) and reliability (the unsure findings),
-              five lines of text (`render_state`).
+  reward      'dx C': 1 if C is the hidden condition, else 0 (the episode ends; the reference's
+              terminal weight is 5, mind_v2/mind/reward/aggregator.py). 'ask x': a gain term
+              minus ask_cost, the gain by `gain`:
+                'entropy' (our formalisation; the default): info_gain_coef * (H_before -
+                  H_after) / log2(num_conditions), normalised so that resolving the whole
+                  differential from the uniform prior sums to info_gain_coef. Over an episode it
+                  telescopes to info_gain_coef * (H_0 - H_end) / log2 K: it pays for narrowing
+                  the differential, not for the order of the questions.
+                'resolved' (reference code, mind_v2/mind/reward/info_gain.py: lambda_gain x
+                  |M_{t-1} minus M_t|, lambda 0.005 there): info_gain_coef x the number of
+                  missing checks this turn resolved, i.e. 1 when x was a check and got a 'yes'
+                  or 'no' ('unsure' leaves it unresolved, as the reference's 'unclear').
+  typed state O: evidence (finding + yes, - no, ? unsure, in the order asked, the complaint
+              first); M: checks (findings with no certain answer on which the active
+              differentials disagree; the reference lists every unknown field, we keep the
+              discriminating ones); D: differentials (the consistent conditions); S: supports
+              (per differential: its criteria confirmed / its criteria, from the bank: the
+              reference retrieves gated support cases instead); R: reliability (the unsure
+              findings; the reference scores its retrieved supports). Five lines of text
+              (`render_state`).
 
 Raw mode (`RawRenderer`) is the conversation: the complaint, then 'ask x' turns and '= yes'
 answers appended (rollout/episodes.py). Typed mode (rollout/typed_episodes.py) prompts each
@@ -56,6 +67,8 @@ YES, NO, UNSURE = 'yes', 'no', 'unsure'
 _MARK = {YES: '+', NO: '-', UNSURE: '?'}
 _ACTION = re.compile(r'\s*(ask|dx)\s+(\S+)\s*')
 STATES = ('raw', 'typed')
+GAINS = ('entropy', 'resolved')
+OPTIONS = ('info_gain_coef', 'ask_cost', 'gain')  # env.options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,8 +152,9 @@ def entropy_bits(bank: Bank, evidence: Evidence) -> float:
 
 
 def checks(bank: Bank, evidence: Evidence) -> tuple[str, ...]:
-  """Unresolved criterion checks: unasked findings on which the differentials disagree."""
-  asked = {x for x, _ in evidence}
+  """Unresolved criterion checks: findings without a certain answer ('unsure' ones are asked
+  but not resolved) on which the active differentials disagree."""
+  asked = {x for x, a in evidence if a != UNSURE}
   active = consistent(bank, evidence)
   return tuple(x for x in bank.findings if x not in asked and
                0 < sum(bank.present(c, x) for c in active) < len(active))
@@ -175,8 +189,10 @@ def expected_gain(bank: Bank, evidence: Evidence, finding: str) -> float:
 
 
 def teacher_action(bank: Bank, evidence: Evidence) -> str:
-  """The scripted expert: the most informative check, or 'dx' when none is left."""
-  options = checks(bank, evidence)
+  """The scripted expert: the most informative check not asked yet (an unsure answer would
+  only repeat), or 'dx' with the first active differential when none is left."""
+  asked = {x for x, _ in evidence}
+  options = [x for x in checks(bank, evidence) if x not in asked]
   if not options:
     return f'dx {consistent(bank, evidence)[0]}'
   return 'ask ' + max(options, key=lambda x: (expected_gain(bank, evidence, x), -ord(x)))
@@ -218,13 +234,17 @@ FORMAT = formats.Format('patient', '\n', '', (), _parse)
 class PatientEnvironment:
   """base.Environment over patient_dx examples; see the module docstring."""
 
-  def __init__(self, *, max_turns: int = 6, info_gain_coef: float = 0.0, ask_cost: float = 0.0):
+  def __init__(self, *, max_turns: int = 6, info_gain_coef: float = 0.0, ask_cost: float = 0.0,
+               gain: str = 'entropy'):
     if max_turns < 1:
       raise ValueError(f'env.max_turns={max_turns} must be >= 1')
     if info_gain_coef < 0 or ask_cost < 0:
       raise ValueError(f'env.options: info_gain_coef={info_gain_coef} and ask_cost={ask_cost} '
                        'must be >= 0')
+    if gain not in GAINS:
+      raise ValueError(f'env.options: gain={gain!r}; known: {GAINS}')
     self.max_turns, self.info_gain_coef, self.ask_cost = max_turns, info_gain_coef, ask_cost
+    self.gain = gain
     self.format = FORMAT
 
   def reset(self, example) -> PatientState:
@@ -257,15 +277,18 @@ class PatientEnvironment:
     else:
       finding = calls[0].arguments['target']
       state.tool_calls += 1
-      before = entropy_bits(state.bank, state.evidence)
+      before, missing = entropy_bits(state.bank, state.evidence), checks(state.bank,
+                                                                          state.evidence)
       answer = state.example.meta['answers'][finding]
-      if finding not in {x for x, _ in state.evidence}:
+      if finding not in {x for x, _ in state.evidence}:  # A repeat changes nothing.
         state.evidence.append((finding, answer))
       gain = before - entropy_bits(state.bank, state.evidence)
+      resolved = int(finding in missing and answer != UNSURE)
       state.info_gain += gain
-      info['info_gain'] = gain
-      reward = (self.info_gain_coef * gain / math.log2(len(state.bank.conditions)) -
-                self.ask_cost)
+      info.update(info_gain=gain, resolved=resolved)
+      term = (gain / math.log2(len(state.bank.conditions)) if self.gain == 'entropy'
+              else resolved)
+      reward = self.info_gain_coef * term - self.ask_cost
     if state.turns >= self.max_turns:
       state.done = state.truncated = True
     state.reward += reward
@@ -303,14 +326,13 @@ class TypedRenderer:
 
 
 def make_environment(config):
-  """(PatientEnvironment, renderer) from config.env (kind 'patient'; options: info_gain_coef,
-  ask_cost)."""
+  """(PatientEnvironment, renderer) from config.env (kind 'patient'; options: OPTIONS)."""
   e = config.env
   options = dict(e.options)
-  unknown = set(options) - {'info_gain_coef', 'ask_cost'}
+  unknown = set(options) - set(OPTIONS)
   if unknown:
     raise ValueError(f'env.options {sorted(unknown)} unknown for env.kind="patient"; known: '
-                     'info_gain_coef, ask_cost')
+                     f'{OPTIONS}')
   env = PatientEnvironment(max_turns=e.max_turns, **options)
   return env, TypedRenderer() if e.state == 'typed' else RawRenderer()
 

@@ -130,7 +130,7 @@ def _episode_verdicts(run, params, examples, k, temperature, rng, on_episodes):
     on_episodes(episodes, examples)
   ok_BxK = episodes_lib.correct_N(episodes).reshape(len(examples), k)
   keys = [answer_key(t[-1]['text']) if t else None for t in episodes.transcripts]
-  rows = len(examples) * k
+  rows = len(examples) * k * getattr(episodes, 'turn_rows', 1)  # typed states: a row per turn
   return ok_BxK, keys, int(np.asarray(episodes.rollout.loss_mask_NxL)[:rows].sum())
 
 

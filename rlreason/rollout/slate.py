@@ -9,7 +9,8 @@
 Per example, from the shared prefix τ_<t (prompt, chosen steps, observations): k candidate next
 steps, one assistant turn each. The prefix is the prompt of one `sampler.generate` call with
 G = k, so it is prefilled once and its k branches read it as one frozen cache segment, never
-a copy. The judge (slate_judge.py) scores each step's dimensions in {-1, 0, +1}:
+a copy. The judge (envs/slate_rules.py's rule judge, or slate_judge.ModelStepJudge) scores
+each step's dimensions in {-1, 0, +1}:
   search step  r = r_think + r_query
   answer step  r = r_think + r_answer + λ (B - t) / B     (early-answer bonus, t 0-based)
 A_j = (r_j - mean r) / (std r + 1e-6) over the k (unbiased std); the continuation is drawn from
@@ -18,9 +19,10 @@ softmax(A / η) and the environment steps on it; at most B = max_turns steps.
 Rows for the trainer: row (b, t, j) is the prompt, then the prefix τ_<t as given tokens
 (prefix_mask, out of the loss), then candidate j's step tokens, the only ones in
 `loss_mask_NxL`; its advantage is A_j on those tokens (objective.advantage='slate',
-`slate_advantages`, recomputes it from the step rewards in the loop). The objective is the loop's: objective.policy_loss
-'ppo_clip' (ε = 0.2) per token, objective.kl_coef 0.001 with the k3 estimator, aggregation
-'seq_mean_token_mean' (each candidate's token mean, averaged over the step's k and the steps).
+`slate_advantages`, recomputes it from the step rewards in the loop). The objective is the
+loop's: objective.policy_loss 'ppo_clip' (ε = 0.2) per token, objective.kl_coef 0.001 with
+the k3 estimator, aggregation 'seq_mean_token_mean' (each candidate's token mean, averaged
+over the step's k and the steps).
 
 Provenance. Reference code (algoprog/SLATE @09223bc): k = 5, η = 0.7, B = 4, λ = 0.1 and the
 reward composition (configs/slate.yaml, slate/rewards/llm_judge.py), the advantage and the
@@ -238,9 +240,10 @@ def sample_steps(params, env, renderer, tok, examples: Sequence[Any], *, judge, 
         live[i] = False
         continue
       ids = steps[i * k + chosen]
-      obs = episodes_lib._fit_observation(tok, renderer, step_out.info['messages'],  # pylint: disable=protected-access
-                                          bool(ids) and ids[-1] in tok.eos_ids,
-                                          max_observation_tokens)
+      # The observation fitted to its budget exactly as the episode loop fits it.
+      fit = episodes_lib._fit_observation  # pylint: disable=protected-access
+      obs = fit(tok, renderer, step_out.info['messages'], bool(ids) and ids[-1] in tok.eos_ids,
+                max_observation_tokens)
       if not obs:
         live[i] = False
         continue

@@ -54,6 +54,10 @@ def default() -> ml_collections.ConfigDict:
       # 'bfloat16' casts the weights for sampling (sampler.generate's sample_dtype): the gap
       # to the learner is logged (offpolicy/) and objective.correction can correct it.
       sample_dtype='',
+      # 'static' decodes all B*G rows until the longest stops; 'continuous' decodes `slots`
+      # rows at a time (a multiple of group_size) and refills free slots group by group from
+      # the step's prompts (rollout/continuous.py; per-row random streams).
+      sampler='static', slots=0,
       dynamic_sampling=False, max_refill_rounds=2))
 
   # correction: off-policy weights by π_prox/π_behaviour on the policy loss (objectives/

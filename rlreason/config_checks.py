@@ -53,6 +53,10 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
   check(not (rl.get('sample_dtype', '') and c.env.enabled),
         'rl.sample_dtype applies to the single-turn sampler; env episodes sample in the '
         "model's dtype.")
+  check(rl.get('sampler', 'static') in ('static', 'continuous'),
+        f"rl.sampler={rl.get('sampler')!r}; known: 'static', 'continuous'.")
+  if rl.get('sampler', 'static') == 'continuous':
+    _check_continuous(c, check)
   check(rl.prompts_per_step % rl.minibatches == 0,
         f'rl.prompts_per_step={rl.prompts_per_step} is not divisible by '
         f'rl.minibatches={rl.minibatches} (minibatches hold whole groups).')
@@ -184,6 +188,19 @@ def _check_reward_model(c, check) -> None:
                                '(e.g. rlreason.tasks.arithmetic:flawed_solution).')
     check(c.data.source == 'task', 'reward_model.train draws problems from a synthetic task '
                                    "(data.source='task').")
+
+
+def _check_continuous(c, check) -> None:
+  """rl.slots for continuous batching (rollout/continuous.py): whole groups, at most a step."""
+  rl = c.rl
+  n = rl.prompts_per_step * rl.group_size
+  check(rl.slots >= rl.group_size and rl.slots % rl.group_size == 0,
+        f'rl.slots={rl.slots} must be a positive multiple of rl.group_size={rl.group_size} '
+        "(rl.sampler='continuous' admits a group into G slots at once).")
+  check(rl.slots <= n, f'rl.slots={rl.slots} exceeds the rl.prompts_per_step * rl.group_size '
+                       f'= {n} rows of a step.')
+  check(not c.env.enabled, "rl.sampler='continuous' samples single-turn rollouts; env.enabled "
+                           "episodes use rollout/episodes.py (set rl.sampler='static').")
 
 
 def _check_sandbox(c, check) -> None:

@@ -113,6 +113,7 @@ OPTION_CASES = {
                        'objective.loss_kwargs': {'dual_clip': 3.0}},
     'gspo_token_dual_clip': {'objective.policy_loss': 'gspo_token',
                              'objective.loss_kwargs': {'dual_clip': 3.0}},
+    'continuous_batching': {'rl.sampler': 'continuous', 'rl.slots': 4},  # 8 rows, 4 slots
     **{f'kl_{name}': {'objective.kl_coef': 0.01, 'objective.kl_estimator': name}
        for name in ('k1', 'k1_abs', 'k2', 'k3', 'k3_k2grad')},
 }

@@ -56,6 +56,17 @@ class Scores:
                   self.metrics)
 
 
+def generate_rollout(rl, params, prompts, **kw) -> Rollout:
+  """The trainer's rollout call: sampler.generate (rl.sampler='static', the default,
+  unchanged), or continuous batching with rl.slots rows at a time (rollout/continuous.py,
+  which has no decode chunks)."""
+  if rl.get('sampler', 'static') != 'continuous':
+    return sampler.generate(params, prompts, **kw)
+  from rlreason.rollout import continuous
+  kw.pop('max_chunks', None)
+  return continuous.generate(params, prompts, slots=rl.slots, **kw)
+
+
 def overlong_limits(config) -> dict:
   """L_max (the completion length), L_cache and the factor of DAPO's overlong penalty."""
   o, max_len = config.overlong, config_lib.completion_length(config)

@@ -33,9 +33,9 @@ from rlreason.rl import slate_steps
 from rlreason.rollout import episodes as episodes_lib
 from rlreason.rollout import rollback as rollback_lib
 from rlreason.rollout import sampler
-from rlreason.rl.rl_batch import (advantages_for, dynamic_filter, make_train_batch,
-                                  provenance_metrics, score, score_episodes, tag_versions,
-                                  throughput, zero_variance_fraction)
+from rlreason.rl.rl_batch import (advantages_for, dynamic_filter, generate_rollout,
+                                  make_train_batch, provenance_metrics, score, score_episodes,
+                                  tag_versions, throughput, zero_variance_fraction)
 from rlreason.rl.run_setup import Run, build, encode_prompts, export_policy
 from rlreason.rl.sft import sft_loop
 
@@ -66,8 +66,8 @@ def sample_and_verify(run: Run, params, examples, rng, *, step: int, progress: f
     if run.sample_mesh is not run.mesh:  # The key too must live on the sampling mesh.
       rng = multihost.replicate_key(rng, run.sample_mesh)
     with jax.set_mesh(run.sample_mesh):  # The training mesh unless sample_mesh.kind='host'.
-      rollout = jax.block_until_ready(sampler.generate(
-          params, prompts, cfg=run.cfg, group_size=rl.group_size,
+      rollout = jax.block_until_ready(generate_rollout(
+          rl, params, prompts, cfg=run.cfg, group_size=rl.group_size,
           max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_k=rl.top_k,
           top_p=rl.top_p, stop_tokens=tuple(run.tok.eos_ids), pad_id=run.pad_id, rng=rng,
           mesh=run.sample_mesh, prefixes=prefixes, max_chunks=rl.decode_chunks,

@@ -130,3 +130,28 @@ def test_difficulty_mixture():
   assert set(k_B.tolist()) == {1, 4} and 150 < (k_B == 1).sum() < 250
   with pytest.raises(ValueError, match='difficulties'):
     dl.difficulty_weights_K(task, (5,))
+
+
+def test_soft_targets_hand_values():
+  # Z5: tokens PAD, BLANK, then elements 0..4. Answer 2 with p = 0.6: 0.6 on token 4, the
+  # other 0.4 spread over the 4 other elements (0.1 each), nothing on PAD / BLANK.
+  task = dl.GroupTask.make('Z5', max_k=2)
+  np.testing.assert_allclose(dl.soft_targets_BxV(task, jnp.asarray([2, 0]), target_accuracy=0.6),
+                             [[0, 0, .1, .1, .6, .1, .1], [0, 0, .6, .1, .1, .1, .1]], atol=1e-7)
+
+
+def test_soft_warm_start_with_accuracy_one_is_the_hard_one():
+  # target_accuracy = 1 puts all target mass on g_1 · s_0, so its cross-entropy is the
+  # sft_step loss on the same batch: one Adam step must give the same parameters.
+  task = dl.GroupTask.make('Z5', max_k=2)
+  cfg = dl.tiny_model(task, hidden=16, layers=1, heads=2)
+  params = jax.jit(lambda key: transformer.init_params(cfg, key))(jax.random.key(0))
+  sft = jax.jit(lambda p, acc: dl.one_step_sft(p, jax.random.key(1), task=task, cfg=cfg,
+                                                steps=1, batch=8, target_accuracy=acc),
+                static_argnums=1)
+  hard, soft = sft(params, None), sft(params, 1.0)
+  for a, b in zip(jax.tree.leaves(hard), jax.tree.leaves(soft)):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  with pytest.raises(ValueError, match='target_accuracy'):
+    dl.one_step_sft(params, jax.random.key(1), task=task, cfg=cfg, steps=1,
+                    target_accuracy=0.2)  # Not above chance 1/5.

@@ -329,15 +329,29 @@ def greedy_accuracy_K(params, problems: Problems, *, s: Setting) -> jax.Array:
   return per_difficulty_mean(correct_N, problems.k_B, s.task.max_k)
 
 
+def soft_targets_BxV(task: GroupTask, answers_B, *, target_accuracy: float) -> jax.Array:
+  """Token distributions with `target_accuracy` on each answer element and the rest of the
+  mass spread evenly over the other |G| − 1 elements (none on PAD / BLANK)."""
+  right_BxG = jax.nn.one_hot(answers_B, task.order)
+  return jnp.pad(right_BxG * target_accuracy + (1 - right_BxG) * (1 - target_accuracy)
+                 / (task.order - 1), ((0, 0), (FIRST_ELEMENT, 0)))
+
+
 def one_step_sft(params, key, *, task: GroupTask, cfg: transformer.ModelConfig, steps: int,
-                 batch: int = 64, lr: float = 3e-3):
+                 batch: int = 64, lr: float = 3e-3, target_accuracy: float | None = None):
   """Supervised warm start of the one-step skill: s_1 = g_1 · s_0 for a random s_0.
 
   The analogue of §24's pre-trained atomic skill: prompts hold one element g_1 in the
   register and a uniformly drawn s_0 (not only the identity) in the s_0 slot, and the loss is
   on s_1 alone, so the product table is learned but not where to find g_i when the register
-  holds several elements: that fetch, the composition, is left to RL. Returns params.
+  holds several elements: that fetch, the composition, is left to RL. With `target_accuracy`
+  p, the target is soft instead (our formalisation of §24(d)'s noisy step): p on g_1 · s_0 and
+  (1 − p)/(|G| − 1) on every other element, so a converged warm start samples the right
+  product with probability p (greedy: always), the per-step accuracy of §24's
+  P_L = 1/|G| + (1 − 1/|G|) p^L. Returns params.
   """
+  if target_accuracy is not None and not 1 / task.order < target_accuracy <= 1:
+    raise ValueError(f'target_accuracy={target_accuracy} must be in (1/|G|, 1].')
   optimizer = optax.adam(lr)
   state = update.init_state(params, optimizer)
 
@@ -350,10 +364,21 @@ def one_step_sft(params, key, *, task: GroupTask, cfg: transformer.ModelConfig, 
     s1_B = jnp.asarray(task.table, jnp.int32)[g_B, s0_B]
     tokens_NxT = jnp.concatenate([problems.tokens_BxP[:, :-1], (s0_B + FIRST_ELEMENT)[:, None],
                                   (s1_B + FIRST_ELEMENT)[:, None]], 1)
-    loss_mask_NxT = jnp.zeros(tokens_NxT.shape, bool).at[:, -1].set(True)
-    state, metrics = update.sft_step(state, tokens_NxT, loss_mask_NxT, cfg=cfg,
-                                     optimizer=optimizer)
-    return state, metrics['loss']
+    if target_accuracy is None:
+      loss_mask_NxT = jnp.zeros(tokens_NxT.shape, bool).at[:, -1].set(True)
+      state, metrics = update.sft_step(state, tokens_NxT, loss_mask_NxT, cfg=cfg,
+                                       optimizer=optimizer)
+      return state, metrics['loss']
+    target_BxV = soft_targets_BxV(task, s1_B, target_accuracy=target_accuracy)
+
+    def loss_fn(params):
+      logits_BxV = transformer.apply(params, tokens_NxT[:, :-1], cfg=cfg)[0][:, -1]
+      return -jnp.mean(jnp.sum(target_BxV * jax.nn.log_softmax(logits_BxV), -1))
+
+    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    return state.replace(params=optax.apply_updates(state.params, updates),
+                         opt_state=opt_state), loss
 
   state, _ = jax.lax.scan(body, state, jax.random.split(key, steps))
   return state.params
@@ -372,8 +397,9 @@ class History:
 
 
 def initial_params(*, task: GroupTask, model_cfg: transformer.ModelConfig, seeds: Sequence[int],
-                   sft_steps: int = 0):
-  """Seed-stacked parameters: random init (key fold 0), then `sft_steps` of `one_step_sft`.
+                   sft_steps: int = 0, target_accuracy: float | None = None):
+  """Seed-stacked parameters: random init (key fold 0), then `sft_steps` of `one_step_sft`
+  (soft targets with `target_accuracy`, see there).
 
   Pass the result to every `train` call of a comparison, so that runs differ only in what
   they compare (and the warm start is computed once).
@@ -384,7 +410,7 @@ def initial_params(*, task: GroupTask, model_cfg: transformer.ModelConfig, seeds
     params = transformer.init_params(model_cfg, jax.random.fold_in(key, 0))
     if sft_steps:
       params = one_step_sft(params, jax.random.fold_in(key, 2), task=task, cfg=model_cfg,
-                            steps=sft_steps)
+                            steps=sft_steps, target_accuracy=target_accuracy)
     return params
 
   return jax.jit(jax.vmap(init))(keys_S)

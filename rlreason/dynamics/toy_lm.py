@@ -32,8 +32,9 @@ What the policy shares with the product: `transformer.apply` (the transformer), 
 Σπ² for OTB), the estimators of `advantages`, `loss_diagnostics.otb_variance_proxies`.
 Deliberately not here: `sampler.generate` (its host-side checks of the prompts cannot run inside
 a scan; `decode` is its few-line core: prefill into `model`'s KV cache, then one token a step);
-the paper's frozen one-step MLP (`one_step_sft` teaches the product table by SFT instead, then
-the whole model trains); text tokenisation; plotting (the studies use `bandit.plot_band`).
+the paper's frozen one-step MLP (`one_step_sft` teaches the product table by SFT instead, hard
+or soft with a chosen sampled accuracy, then the whole model trains); text tokenisation;
+plotting (the studies use `bandit.plot_band` and `seed_stats.plot_ci`).
 """
 
 import dataclasses

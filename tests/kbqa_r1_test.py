@@ -81,7 +81,8 @@ def test_canonical_action_hand_cases():
   # Argument order in the JSON object does not matter; the tool's name does.
   assert (rs.canonical_action(base.ToolCall('kb', {'relation': 'r', 'entity': 'e'})) ==
           rs.canonical_action(base.ToolCall('kb', {'entity': 'e', 'relation': 'r'})))
-  assert rs.canonical_action(base.ToolCall('kb2', {})) != rs.canonical_action(base.ToolCall('kb', {}))
+  assert (rs.canonical_action(base.ToolCall('kb2', {})) !=
+          rs.canonical_action(base.ToolCall('kb', {})))
 
 
 def test_replay_extracts_the_executed_action_sequence():
@@ -99,9 +100,9 @@ def test_replay_extracts_the_executed_action_sequence():
 def test_rrs_keeps_only_traces_that_execute_the_gold_sequence(name):
   turns, rrs_keeps, answer_keeps = CASES[name]
   segments = [[t, True] for t in turns]
-  assert rs.judge(_env(), BOTH, segments, filter='rrs')[0] == rrs_keeps
-  assert rs.judge(_env(), BOTH, segments, filter='answer')[0] == answer_keeps
-  assert rs.judge(_env(), BOTH, segments, filter='unfiltered')[0]
+  assert rs.judge(_env(), BOTH, segments, rule='rrs')[0] == rrs_keeps
+  assert rs.judge(_env(), BOTH, segments, rule='answer')[0] == answer_keeps
+  assert rs.judge(_env(), BOTH, segments, rule='unfiltered')[0]
 
 
 def test_action_match_n_reads_episode_turns_per_group():
@@ -128,9 +129,9 @@ def test_teacher_traces_replay_through_the_environment():
         if not step.done:
           observations.append(renderer.observation_text(step.info['messages'], False))
       assert [t for t, trained in trace if not trained] == observations
-    assert rs.judge(env, example, gold_trace, filter='rrs')[0]
-    assert not rs.judge(env, example, wrong_trace, filter='rrs')[0]
-    lucky += rs.judge(env, example, wrong_trace, filter='answer')[0]
+    assert rs.judge(env, example, gold_trace, rule='rrs')[0]
+    assert not rs.judge(env, example, wrong_trace, rule='rrs')[0]
+    lucky += rs.judge(env, example, wrong_trace, rule='answer')[0]
   assert kinds == set(kb_traces.KINDS)
   assert 0 < lucky < 60  # Some wrong procedures are right by luck: only RRS rejects them all.
 
@@ -140,7 +141,7 @@ def test_filtered_teacher_tries_until_a_trace_is_kept():
   bad = [[t, True] for t in CASES['wrong action order'][0]]
   script = iter([bad, bad, good, bad, bad, bad])
   teacher = lambda example, rng: next(script)
-  solutions = rs.FilteredTeacher(_env(), teacher, filter='rrs', tries=3)
+  solutions = rs.FilteredTeacher(_env(), teacher, rule='rrs', tries=3)
   assert solutions([BOTH], None) == [good]  # the third try
   assert solutions([BOTH], None) == [None]  # three rejected tries
   assert solutions.counts == {'traces': 6, 'kept': 1, 'problems': 2, 'problems_kept': 1,
@@ -151,11 +152,11 @@ def test_filtered_teacher_tries_until_a_trace_is_kept():
 
 def test_filtered_teacher_and_config_errors():
   with pytest.raises(ValueError, match='sft.filter=.bogus.'):
-    rs.FilteredTeacher(_env(), None, filter='bogus', tries=1)
+    rs.FilteredTeacher(_env(), None, rule='bogus', tries=1)
   with pytest.raises(ValueError, match='env.enabled'):
-    rs.FilteredTeacher(None, None, filter='rrs', tries=1)
+    rs.FilteredTeacher(None, None, rule='rrs', tries=1)
   with pytest.raises(ValueError, match='filter_tries=0'):
-    rs.FilteredTeacher(_env(), None, filter='rrs', tries=0)
+    rs.FilteredTeacher(_env(), None, rule='rrs', tries=0)
   with pytest.raises(ValueError, match="no meta\\['gold_calls'\\]"):
     rs.gold_actions(dataclasses.replace(BOTH, meta={'tools': ['kb']}))
   assert set(config_checks.SFT_FILTERS) == set(rs.FILTERS)

@@ -114,7 +114,7 @@ def simulate(smoke: bool, sources=('unfiltered', 'answer', 'rrs')) -> dict:
     run.data_iter = prompt_schedule.UniformSchedule(iter(data.batched(data.synthetic_stream(
         config.data.task, seed=config.seed, difficulty=config.data.difficulty,
         held_out_fraction=config.data.held_out_fraction), config.rl.prompts_per_step)))
-    filtered = rejection_sampling.FilteredTeacher(run.env, teacher, filter=source,
+    filtered = rejection_sampling.FilteredTeacher(run.env, teacher, rule=source,
                                                   tries=config.sft.filter_tries)
     with jax.set_mesh(run.mesh):
       state, sft_metrics = sft.sft_loop(run, jax.tree.map(jnp.copy, state0),

@@ -28,6 +28,7 @@ Not here: the filter (rl/rejection_sampling.py), other tools' teachers (tasks.ca
 """
 
 import json
+from typing import Callable
 
 from rlreason.envs import base
 from rlreason.envs import registry
@@ -56,7 +57,7 @@ def call_text(call: base.ToolCall) -> str:
   return f'<call>{call.name}: {json.dumps(dict(call.arguments), separators=(",", ":"))}</call>'
 
 
-def _wrong_procedure(kind: str, gold) -> tuple[list[base.ToolCall], callable]:
+def _wrong_procedure(kind: str, gold) -> tuple[list[base.ToolCall], Callable]:
   """The wrong calls and how their outputs give the answer."""
   first = gold[0].arguments['entity']
   neighbours = lambda entity, relation: base.ToolCall(

@@ -3,7 +3,7 @@ actions it executes are the gold action sequence.
 
   verdict = replay(env, example, turn_texts)     # execute a trace's turns in a fresh episode
   keep = FILTERS['rrs'](verdict.actions, gold_actions(example), verdict.correct)
-  solutions = FilteredTeacher(env, teacher, filter='rrs', tries=4)   # for rl/sft.py's sft_loop
+  solutions = FilteredTeacher(env, teacher, rule='rrs', tries=4)   # for rl/sft.py's sft_loop
 
 KBQA-R1's cold start [S: abstract; project page sunxin000.github.io/KBQA-R1, Figure 2]:
 "RRS constructs high-quality SFT data by filtering trajectories that match ground-truth
@@ -119,11 +119,11 @@ def turn_texts(trace) -> list[str]:
   return [text for text, trained in trace if trained]
 
 
-def judge(env, example, trace, *, filter: str) -> tuple[bool, Replay]:  # pylint: disable=redefined-builtin
-  """(kept by `filter`, the replay) for one trace."""
-  check_filter(filter)
+def judge(env, example, trace, *, rule: str) -> tuple[bool, Replay]:
+  """(kept by the filter named `rule`, the replay) for one trace."""
+  check_filter(rule)
   result = replay(env, example, turn_texts(trace))
-  keep = FILTERS[filter](result.actions, gold_actions(example), result.correct,
+  keep = FILTERS[rule](result.actions, gold_actions(example), result.correct,
                          result.failed_calls)
   return keep, result
 
@@ -147,16 +147,16 @@ def episode_turns(episodes) -> list[list[str]]:
 
 class FilteredTeacher:
   """A `solutions(examples, rng)` function for sft_loop: per problem, up to `tries` teacher
-  traces, the first one `filter` keeps (None if none). Counts what it saw."""
+  traces, the first one the filter named `rule` keeps (None if none). Counts what it saw."""
 
-  def __init__(self, env, teacher: Callable, *, filter: str, tries: int):  # pylint: disable=redefined-builtin
-    check_filter(filter)
+  def __init__(self, env, teacher: Callable, *, rule: str, tries: int):
+    check_filter(rule)
     if tries < 1:
       raise ValueError(f'sft.filter_tries={tries} must be >= 1')
-    if env is None and filter != 'unfiltered':
-      raise ValueError(f"sft.filter={filter!r} executes the teacher's traces in the run's "
+    if env is None and rule != 'unfiltered':
+      raise ValueError(f"sft.filter={rule!r} executes the teacher's traces in the run's "
                        'environment: set env.enabled (and env.tools)')
-    self.env, self.teacher, self.filter, self.tries = env, teacher, filter, tries
+    self.env, self.teacher, self.rule, self.tries = env, teacher, rule, tries
     self.counts = {'traces': 0, 'kept': 0, 'problems': 0, 'problems_kept': 0,
                    'gold_match': 0, 'correct': 0}
 
@@ -168,10 +168,10 @@ class FilteredTeacher:
       for _ in range(self.tries):
         trace = self.teacher(example, rng)
         self.counts['traces'] += 1
-        if self.filter == 'unfiltered':
+        if self.rule == 'unfiltered':
           chosen = trace
           break
-        keep, result = judge(self.env, example, trace, filter=self.filter)
+        keep, result = judge(self.env, example, trace, rule=self.rule)
         self.counts['gold_match'] += int(keep_rrs(result.actions, gold_actions(example),
                                                   True, result.failed_calls))
         self.counts['correct'] += int(result.correct)
@@ -186,7 +186,7 @@ class FilteredTeacher:
   def metrics(self) -> dict[str, float]:
     """sft/filter_* : kept traces per trace sampled, problems with a kept trace."""
     c = self.counts
-    if self.filter == 'unfiltered':
+    if self.rule == 'unfiltered':
       return {}
     return {'sft/filter_accept_frac': c['kept'] / max(c['traces'], 1),
             'sft/filter_problems_kept_frac': c['problems_kept'] / max(c['problems'], 1),

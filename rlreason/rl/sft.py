@@ -76,7 +76,7 @@ def sft_loop(run: Run, state, *, steps: int, writer=None, solutions=None, seed_o
   teacher = teacher_fn(s.teacher, s.teacher_options)
   filtered = None
   if solutions is None and s.filter != 'unfiltered':
-    filtered = rejection_sampling.FilteredTeacher(run.env, teacher, filter=s.filter,
+    filtered = rejection_sampling.FilteredTeacher(run.env, teacher, rule=s.filter,
                                                   tries=s.filter_tries)
   solutions = solutions or filtered or (lambda exs, rng: [teacher(ex, rng) for ex in exs])
   # A copy: the jitted step donates its state, and callers may still hold `state`.

@@ -28,7 +28,7 @@ from rlreason.rollout import sampler
 
 TOK = tokenizer.from_characters(string.printable)
 CFG = transformer.ModelConfig(vocab_size=TOK.vocab_size, hidden_size=32, intermediate_size=64,
-                              num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8)
+                              num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8)
 RENDERER = render.TextRenderer(prompt_template='Q:{prompt}\nA:')
 SETTINGS = rollback.Settings(error_classes=(('calc', ('SyntaxError',)),), max_retries=3,
                              feedback='E:{errors}')
@@ -202,7 +202,7 @@ def test_episode_with_rollbacks_is_the_purified_conversation(params):
   np.testing.assert_allclose(behaviour[loss & ~off], purified[loss & ~off], atol=1e-6)
   m = episodes_lib.metrics(ep)
   assert m['rollback/rollbacks_mean'] == 3.0 and m['rollback/exhausted_frac'] == 0.0
-  assert m['episodes/error_turn_frac'] == 0.0
+  assert m['episodes/error_turn_frac'] == 0.0 and m['rollback/turn_frac'] == pytest.approx(2 / 3)
   assert m['rollback/abs_logprob_diff'] == pytest.approx(np.abs(behaviour - purified)[off].mean())
   # The environment state was restored: the rolled-back failures are not counted.
   assert ep.errors_N.get('bad_arguments', np.zeros(3)).sum() == 0

@@ -1,8 +1,7 @@
 """CLEANER's rollback during episode collection: a failed tool call is replaced by its correction.
 
-  tracker = Tracker(settings, n=N, env=env, tok=tok, renderer=renderer, fit=..., ...)
-  # in episodes.run_episodes, per turn: saved = save(state) before decoding; snapshots of the
-  # environment states before env.step; then tracker.retry(...) after it.
+  episodes.run_episodes(..., rollback=Settings(error_classes=(('python', CLASSES),)))
+  # per turn: save(state) before decoding, copy_state before env.step, Tracker.retry after
 
 When a turn's tool call fails with a configured error class (each tool declares its own,
 `tool.rollback_errors`: the Python exception names ImportError, ModuleNotFoundError,
@@ -50,7 +49,7 @@ import copy
 import dataclasses
 import difflib
 import functools
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import flax
 import jax
@@ -402,14 +401,18 @@ def _call(tool: str):
 
 def metrics(episodes) -> dict[str, float]:
   """The fraction of kept turns whose tool calls failed (for every run) and, with rollback,
-  rollbacks per episode, exhausted retries, discarded sampled tokens and the mean
-  |behaviour − purified| log-prob on the corrected calls' tokens."""
+  the fraction of kept turns that were rolled back, rollbacks per episode, exhausted retries,
+  discarded sampled tokens and the mean |behaviour − purified| log-prob on the corrected
+  calls' tokens."""
   turns = [e for t in episodes.transcripts for e in t]
   out = {'episodes/error_turn_frac': float(np.mean([bool(e.get('failed')) for e in turns]))
          if turns else 0.0}
   stats = getattr(episodes, 'rollback', None)
   if stats is None:
     return out
+  # Kept turns whose first sampled call failed with a configured class and was rolled back:
+  # with error_turn_frac, the policy's own error rate before any rollback.
+  out['rollback/turn_frac'] = float(np.mean([bool(e.get('rollbacks')) for e in turns]))
   r = episodes.rollout
   mask = stats.offpolicy_NxL & np.asarray(jax.device_get(r.loss_mask_NxL))
   diff = np.abs(np.asarray(jax.device_get(r.behaviour_logprobs_NxL)) -

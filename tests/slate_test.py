@@ -53,6 +53,9 @@ def test_step_reward_and_advantage_on_a_fixed_tuple():
 
 def test_one_candidate_has_zero_advantage_and_the_estimator_splits_steps():
   np.testing.assert_array_equal(slate.step_advantages(np.array([[3.0], [-2.5]])), 0.0)
+  # Five equal answer steps (-1 + 0.1 = -0.9): exactly 0, although their float32 mean is not
+  # exactly -0.9 (unguarded, (r - mean) / (std + 1e-6) gave 0.056 each).
+  np.testing.assert_array_equal(slate.step_advantages(np.full((2, 5), -0.9, np.float32)), 0.0)
   np.testing.assert_array_equal(slate.slate_advantages(jnp.array([[1.0, -1.0, 2.0]]), k=1), 0.0)
   # G = 2 steps x k = 2, each step on its own: r = (1, 3): mean 2, r - mean = ±1, unbiased
   # std √2, A = ±1/(√2 + 1e-6); r = (0, 0): A = 0.

@@ -70,7 +70,10 @@ def step_advantages(rewards_xK, *, eps: float = EPS):
   """
   rewards_xK = jnp.asarray(rewards_xK, jnp.float32)
   k = rewards_xK.shape[-1]
-  centred_xK = rewards_xK - rewards_xK.mean(axis=-1, keepdims=True)
+  # Equal rewards give exactly 0: the float32 mean of five -0.9 is one ulp off, which
+  # (r - mean) / (std + 1e-6) would turn into A = 0.056 for every candidate (as grpo guards).
+  flat_x1 = rewards_xK.max(axis=-1, keepdims=True) == rewards_xK.min(axis=-1, keepdims=True)
+  centred_xK = jnp.where(flat_x1, 0.0, rewards_xK - rewards_xK.mean(axis=-1, keepdims=True))
   if k == 1:
     return centred_xK  # r - mean = 0; no std of one value.
   std_x1 = jnp.sqrt(jnp.sum(centred_xK**2, axis=-1, keepdims=True) / (k - 1))

@@ -7,17 +7,21 @@ Task: search_qa at difficulty 1 (2-3 hop questions over 42 one-fact passages, BM
 the 'tags' format ('<call>search: {"query": "Pefa Corp founded"}</call>'), character
 tokenizer, a random-init 2-layer d = 64 model (no warm start: there is no search teacher).
 SLATE as in its reference code (algoprog/SLATE configs/slate.yaml): k = 5 candidates per step,
-η = 0.7, B = env.max_turns = 4 steps, λ = 0.1; the rule judge of rollout/slate_judge.py stands
+η = 0.7, B = env.max_turns = 4 steps, λ = 0.1; the rule judge of envs/slate_rules.py stands
 in for the LLM judge. Objective: per-token PPO-clip (ε = 0.2) on each candidate's step tokens,
 k3 KL to the initial policy with β = 0.001, each candidate's token mean averaged over the
 rows (rollout/slate.py says how this relates to the reference's Eq. 7). Each step trains on
 prompts_per_step x k x max_turns = 8 x 20 rows.
 
-Hardware and runtime: not measured end to end. A random-init model rarely writes a
-well-formed call, so most step rewards are -1 (malformed) and the step-advantage signal is
-what separates the rare better-formed candidates; the variance study
-(experiments/dynamics/slate_variance.py) is where SLATE's claim is checked. `:runlocal` is the
-seconds-long smoke setting tests/train_test.py runs (k = 2, 2 steps, tiny model).
+Hardware and runtime: measured for two steps only (CPU, the shared 2-core machine at load
+~20): 195 s for the first step (compilation included), 71 s for the second (the update).
+From random init the model writes no tool call: in both steps all 40 candidates were answer
+steps scored -1 + 0.1 = -0.9 and every step group was flat, so A = 0 and only the KL term
+acts (that run predates step_advantages' flat-group guard: its loss, -0.056, was rounding).
+SLATE needs a policy that already issues calls (there is no search_qa teacher for a warm start
+in the repo); the variance study (experiments/dynamics/slate_variance.py) is where its claim
+is checked. `:runlocal` is the seconds-long smoke setting tests/train_test.py runs (k = 2,
+2 steps, tiny model).
 """
 
 from rlreason import config as config_lib

@@ -11,36 +11,44 @@ per-prompt variances become heterogeneous; at 7B the schemes are indistinguishab
   python -m experiments.dynamics.normalisation --smoke    # seconds
   python -m experiments.dynamics.normalisation --write_notebook   # regenerates colab/04_*.ipynb
 
-Runtime: full run ~2.5 min of CPU on 2 cores (5 min wall on the shared machine); smoke ~10 s
-of CPU, mostly compilation.
+Runtime: full run 70 s of CPU (4.7 min wall on the heavily shared 2-core machine); smoke ~10 s of CPU, mostly compilation.
 
-Setup (rlreason.dynamics.toy_lm, the task of study 1): S_3 composition with k uniform in 1..4 (so
-per-prompt success rates, hence σ_x, differ), a 2-layer d = 32 decoder warm-started on the
-one-step product (300 SFT steps), then 600 RL steps of 16 prompts x G = 8 for each scheme,
+Setup (rlreason.dynamics.toy_lm, the task of study 1), calibrated (issue #21) so that the
+schemes have something to act on: the first version warm-started by hard SFT, which left a
+near-deterministic policy and 78-95% of groups with zero reward variance. Now: S_3
+composition with k uniform in 1..3 (so per-prompt success rates, hence σ_x, differ), a
+2-layer d = 32 decoder warm-started on a *soft* one-step table (300 SFT steps toward
+probability 0.7 on g · s and 0.06 on each other element: toy_lm.one_step_sft's
+target_accuracy, §24(d)'s noisy step), then 600 RL steps of 16 prompts x G = 8 at Adam 3e-4
+(1e-3 collapsed the sampling entropy within ~150 steps in a calibration run) for each scheme,
 every scheme from the same seeds and warm start: advantages.grpo (per-prompt std),
 advantages.dr_grpo (mean-centred only), advantages.reinforce_pp_baseline (group mean, then
-the batch std: the global normalisation; it was already in the library, so nothing was added). Adam 1e-3 with global-norm clipping at 1
-for all three; the aggregation (seq-mean-token-mean) is the same, so only the advantage scale
-per prompt differs. Heterogeneity per step: std_cv = std/mean of σ_x over prompts with σ_x > 0
-(toy_lm.std_heterogeneity). 3 seeds. Note Adam divides out any global gradient scale,
-so unnormalised and global differ only through the time variation of the batch std.
+the batch std: the global normalisation). Global-norm clipping at 1 for all three; the
+aggregation (seq-mean-token-mean) is the same, so only the advantage scale per prompt
+differs. Heterogeneity per step: std_cv = std/mean of σ_x over prompts with σ_x > 0
+(toy_lm.std_heterogeneity). 5 seeds; every number is a seed mean with a 95% Student-t
+interval (rlreason.dynamics.seed_stats), method differences are paired by seed. Note Adam
+divides out any global gradient scale, so unnormalised and global differ only through the
+time variation of the batch std.
 
-Result: No difference at this scale, so neither the paper's 1.5B direction nor a contrary one.
-Mean-over-k greedy accuracy (median of 3 seeds) goes 0.385 -> 0.453 with per-prompt std, 0.475
-unnormalised, 0.443 global std; seed spreads ([0.28, 0.45, 0.46], [0.35, 0.50, 0.48],
-[0.34, 0.44, 0.47]) overlap, one seed of GRPO and of Dr. GRPO reaches 0.5 (steps 450 and 250).
-Per k the final medians are [1.0, 0.41, 0.21, 0.19], [1.0, 0.48, 0.22, 0.20] and
-[1.0, 0.38, 0.21, 0.16]: k = 1 is solved by the warm start, k = 2 improves, k = 3 and 4 stay
-near chance under every scheme. GRPO's lead over the unnormalised run (same seed) is between
--0.07 and +0.08 at every evaluation and does not grow with the std heterogeneity. The regime
-where the paper puts the gain is barely reached: the mean within-prompt σ_x falls from 0.20 to
-~0.04 within 150 steps because the warm-started policy is nearly deterministic on the hard
-levels (most groups have zero variance, so no scheme gets a signal there), and the
-heterogeneity of the live σ_x (std/mean) is only 0.13 -> 0.05. With binary rewards and G = 8,
-σ_x takes few values, and Adam removes any global scale, which is why unnormalised and global
-normalisation behave alike. The indistinguishable outcome resembles the paper's 7B report,
-not its 1.5B one, but at this size it says more about the missing heterogeneity than about
-normalisation.
+Result: The claim does NOT show: the three schemes are indistinguishable, now with a setup
+that gives them signal. The share of groups with mixed rewards (seed mean, per 50 steps) goes
+0.71, 0.61, 0.52, 0.47, 0.43, 0.39, 0.35, 0.33, 0.28, 0.26, 0.24, 0.22 under GRPO (the other
+two within 0.03), inside the 20-80% band for the whole run (the first version had 5-22%).
+Mean-over-k greedy accuracy goes 0.465 -> 0.613 ± 0.039 with per-prompt std, 0.629 ± 0.046
+unnormalised, 0.615 ± 0.026 global std after 600 steps (5 seeds, 95% t); averaged over the
+evaluations (a convergence-speed measure) 0.574 ± 0.021, 0.576 ± 0.034, 0.576 ± 0.028.
+GRPO's lead, paired by seed: against unnormalised -0.016 ± 0.046 final, -0.003 ± 0.022 on
+the average; against global std -0.002 ± 0.039 final, -0.002 ± 0.008 on the average. So a
+per-prompt-std gain of more than ~0.02 in average accuracy is excluded here, and the lead does
+not grow in any phase (figure, right). Per k the final means are [1.0, 0.62, 0.22],
+[1.0, 0.62, 0.26], [1.0, 0.61, 0.23]: k = 2 is what all three learn, k = 3 stays near chance
+(1/6). Why the mechanism has little to act on: with binary rewards and G = 8 a mixed group's
+σ_x is one of 0.33, 0.43, 0.48, 0.5, so per-prompt normalisation re-weights prompts by at most
+1.5x; the measured heterogeneity std/mean of σ_x is 0.16 falling to 0.08, and Adam removes any
+global scale (why unnormalised and global coincide). The outcome resembles the paper's 7B
+report (indistinguishable), not its 1.5B gain; a larger G or graded rewards would widen the
+σ_x spread and are the next thing to try.
 """
 
 
@@ -48,19 +56,20 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from experiments import dynamics as studies
-from rlreason.dynamics import bandit
+from rlreason.dynamics import seed_stats
 from rlreason.dynamics import toy_lm
 
 
 def simulate(smoke: bool) -> dict:
-  """The three normalisation schemes from the same warm start and seeds."""
-  max_k = 3 if smoke else 4
+  """The three normalisation schemes from the same calibrated warm start and seeds."""
+  max_k = 3
   task = toy_lm.GroupTask.make('S3', max_k=max_k)
   cfg = toy_lm.tiny_model(task, hidden=16 if smoke else 32, layers=1 if smoke else 2,
-                               heads=2)
-  steps, every, seeds = (4, 2, (0,)) if smoke else (600, 50, (0, 1, 2))
+                          heads=2)
+  steps, every, seeds = (4, 2, (0, 1)) if smoke else (600, 50, (0, 1, 2, 3, 4))
+  # Calibrated warm start: a soft one-step table (sampled accuracy 0.7), so groups are mixed.
   params_S = toy_lm.initial_params(task=task, model_cfg=cfg, seeds=seeds,
-                                        sft_steps=10 if smoke else 300)
+                                   sft_steps=10 if smoke else 300, target_accuracy=0.7)
   schemes = {'per-prompt std (GRPO)': 'grpo', 'unnormalised (Dr. GRPO)': 'dr_grpo',
              'global std (REINFORCE++-baseline)': 'global'}
   runs = {}
@@ -68,77 +77,80 @@ def simulate(smoke: bool) -> dict:
     runs[name] = toy_lm.train(
         task=task, difficulties=tuple(range(1, max_k + 1)), estimator=estimator, group_size=8,
         prompts_per_step=4 if smoke else 16, steps=steps, eval_every=every, model_cfg=cfg,
-        seeds=seeds, lr=1e-3, eval_per_k=16 if smoke else 128, params_S=params_S)
+        seeds=seeds, lr=3e-4, eval_per_k=16 if smoke else 128, params_S=params_S)
   return {'runs': runs, 'chance': 1 / task.order}
 
 
-def block_mean(x_SxT, every: int):
-  """Mean over consecutive blocks of `every` steps: S x (T / every)."""
-  x_SxT = np.asarray(x_SxT)
-  return x_SxT.reshape(x_SxT.shape[0], -1, every).mean(-1)
-
-
-def steps_to(h, threshold: float):
-  """Per seed, the first evaluation step whose mean-over-k accuracy reaches `threshold`."""
-  acc_SxE = h.eval_acc_SxExK.mean(-1)
-  out = []
-  for acc_E in acc_SxE:
-    hit = np.flatnonzero(acc_E >= threshold)
-    out.append(int(h.eval_steps_E[hit[0]]) if hit.size else None)
-  return out
+def mixed_SxB(h):
+  """Share of groups with mixed rewards (σ_x > 0), per seed and evaluation block."""
+  return seed_stats.block_mean(1.0 - h.train['zero_std_frac'], int(h.eval_steps_E[1]))
 
 
 def figure(results: dict):
-  """Accuracy over training; std heterogeneity over training; GRPO's lead against it."""
+  """Accuracy, mixed-group share, std heterogeneity, GRPO's paired lead (mean, 95% t-CI)."""
   runs = results['runs']
   names = list(runs)
-  fig, axes = plt.subplots(1, 4, figsize=(19, 4))
+  fig, axes = plt.subplots(1, 4, figsize=(20, 4))
   for name, h in runs.items():
-    line = bandit.plot_band(axes[0], h.eval_steps_E, h.eval_acc_SxExK.mean(-1), label=name)
+    line = seed_stats.plot_ci(axes[0], h.eval_steps_E, h.eval_acc_SxExK.mean(-1), label=name)
     every = int(h.eval_steps_E[1])
-    mid_E = h.eval_steps_E[1:] - every / 2
-    bandit.plot_band(axes[1], mid_E, block_mean(h.train['std_cv'], every), label=name,
-                       color=line.get_color())
-    bandit.plot_band(axes[2], mid_E, block_mean(h.train['std_mean'], every), label=name,
-                       color=line.get_color())
+    mid_B = h.eval_steps_E[1:] - every / 2
+    seed_stats.plot_ci(axes[1], mid_B, mixed_SxB(h), label=name, color=line.get_color())
+    seed_stats.plot_ci(axes[2], mid_B, seed_stats.block_mean(h.train['std_cv'], every),
+                       label=name, color=line.get_color())
+  for other, style in zip(names[1:], ('-', '--')):
+    lead_SxE = runs[names[0]].eval_acc_SxExK.mean(-1) - runs[other].eval_acc_SxExK.mean(-1)
+    seed_stats.plot_ci(axes[3], runs[other].eval_steps_E, lead_SxE, ls=style,
+                       label=f'GRPO − {other.split(" (")[0]}')
   axes[0].axhline(results['chance'], color='grey', lw=0.8, ls='--')
-  axes[0].set(xlabel='RL step', ylabel='greedy accuracy (mean over k)', title='accuracy')
+  axes[0].set(xlabel='RL step', ylabel='greedy accuracy (mean over k)',
+              title='accuracy (seed mean, 95% t-interval)')
   axes[0].legend(fontsize=8)
-  axes[1].set(xlabel='RL step', ylabel='std/mean of σ_x over live prompts',
+  axes[1].axhspan(0.2, 0.8, color='green', alpha=0.06)
+  axes[1].set(xlabel='RL step', ylabel='share of groups with mixed rewards', ylim=(0, 1),
+              title='mixed-reward groups (the signal)')
+  axes[2].set(xlabel='RL step', ylabel='std/mean of σ_x over live prompts',
               title='within-prompt std heterogeneity')
-  axes[2].set(xlabel='RL step', ylabel='mean σ_x', title='mean within-prompt reward std')
-  grpo, base = runs[names[0]], runs[names[1]]
-  every = int(grpo.eval_steps_E[1])
-  lead_SxE = grpo.eval_acc_SxExK.mean(-1)[:, 1:] - base.eval_acc_SxExK.mean(-1)[:, 1:]
-  het_SxE = block_mean(grpo.train['std_cv'], every)
-  sc = axes[3].scatter(het_SxE.ravel(), lead_SxE.ravel(),
-                       c=np.tile(grpo.eval_steps_E[1:], het_SxE.shape[0]), cmap='viridis', s=12)
-  fig.colorbar(sc, ax=axes[3], label='RL step')
   axes[3].axhline(0, color='grey', lw=0.8)
-  axes[3].set(xlabel='std heterogeneity in GRPO run (block mean)',
-              ylabel='accuracy GRPO − unnormalised (same seed)',
-              title="GRPO's lead against heterogeneity")
+  axes[3].set(xlabel='RL step', ylabel='accuracy difference (same seed)',
+              title="GRPO's paired lead")
+  axes[3].legend(fontsize=8)
   fig.tight_layout()
   return fig
 
 
 def summary(results: dict) -> str:
-  """Final accuracy, steps to 0.5 / 0.7 mean accuracy, and mean heterogeneity per scheme."""
-  lines = []
-  for name, h in results['runs'].items():
+  """Mixed-group share over time, final / mean accuracy with 95% t-CIs, paired leads, verdict."""
+  runs = results['runs']
+  names = list(runs)
+  lines = ['95% Student-t intervals over seeds; "mean acc" = accuracy averaged over the '
+           'evaluations after step 0 (area under the curve, a convergence-speed measure).']
+  for name, h in runs.items():
     acc_SxE = h.eval_acc_SxExK.mean(-1)
     lines.append(
-        f'{name}: accuracy {np.median(acc_SxE[:, 0]):.3f} -> {np.median(acc_SxE[:, -1]):.3f} '
-        f'(seeds {toy_lm.rounded(acc_SxE[:, -1], 3)}), steps to 0.5 {steps_to(h, 0.5)}, '
-        f'to 0.7 {steps_to(h, 0.7)}, mean std_cv {h.train["std_cv"].mean():.3f}, '
-        f'mean σ_x {h.train["std_mean"].mean():.3f}, '
-        f'final per-k {toy_lm.rounded(np.median(h.eval_acc_SxExK[:, -1], 0))}')
+        f'{name}: accuracy {acc_SxE[:, 0].mean():.3f} -> {seed_stats.format_ci(acc_SxE[:, -1])}'
+        f', mean acc {seed_stats.format_ci(acc_SxE[:, 1:].mean(-1))}, final per-k '
+        f'{toy_lm.rounded(h.eval_acc_SxExK[:, -1].mean(0))}\n'
+        f'  mixed-group share per {int(h.eval_steps_E[1])} steps: '
+        f'{toy_lm.rounded(mixed_SxB(h).mean(0))}, mean std heterogeneity '
+        f'{h.train["std_cv"].mean():.3f}')
+  signs = []
+  for other in names[1:]:
+    lead_SxE = runs[names[0]].eval_acc_SxExK.mean(-1) - runs[other].eval_acc_SxExK.mean(-1)
+    _, lo, hi = seed_stats.t_interval(lead_SxE[:, 1:].mean(-1)[:, None])
+    signs.append(1 if lo[0] > 0 else -1 if hi[0] < 0 else 0)
+    lines.append(f'GRPO − {other} (paired): final {seed_stats.format_ci(lead_SxE[:, -1])}, '
+                 f'mean acc {seed_stats.format_ci(lead_SxE[:, 1:].mean(-1))}')
+  verdict = ('SHOWS' if all(x > 0 for x in signs) else 'is CONTRADICTED' if -1 in signs
+             else 'does NOT show (indistinguishable)' if signs == [0] * len(signs)
+             else 'shows only in part')
+  lines.append(f'Claim (per-prompt std converges faster than both): {verdict} (CI of GRPO\'s '
+               'paired lead in mean accuracy against each: > 0, < 0 or containing 0).')
   return '\n'.join(lines)
 
 
 def main():
-  studies.run_study(__name__, notebook='04_normalisation', helpers=('block_mean', 'steps_to'),
-                    dpi=70)
+  studies.run_study(__name__, notebook='04_normalisation', helpers=('mixed_SxB',), dpi=70)
 
 
 if __name__ == '__main__':

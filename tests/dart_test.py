@@ -2,6 +2,7 @@
 per adapter, sampler == learner log-probs with routing, where gradients can and cannot go,
 CEA on hand cases, and config errors."""
 
+import functools
 import string
 
 import jax
@@ -106,15 +107,19 @@ def test_cached_decode_with_carried_routes_equals_the_full_forward(model):
   tokens = jnp.asarray([[5, 1, 2, 6, 6, 3, 4, 7, 8], [0, 5, 6, 1, 2, 9, 9, 9, 3]])
   mask = jnp.asarray(tokens != 0)
   full = transformer.apply(params, tokens, cfg=CFG, mask_NxT=mask)[0]
-  cache = transformer.init_cache(CFG, 2, 9)
-  route, state = dart.feed(params, tokens[:, :4], mask[:, :4], None)
-  out, cache = transformer.apply(params, tokens[:, :4], cfg=CFG, mask_NxT=mask[:, :4],
-                                 cache=cache, route_NxT=route)
+
+  @jax.jit
+  def feed(cache, state, tokens_NxT, mask_NxT):
+    route, state = dart.feed(params, tokens_NxT, mask_NxT, state)
+    out, cache = transformer.apply(params, tokens_NxT, cfg=CFG, mask_NxT=mask_NxT, cache=cache,
+                                   route_NxT=route)
+    return out, cache, state
+
+  out, cache, state = feed(transformer.init_cache(CFG, 2, 9), dart.initial_state(2, HAND),
+                           tokens[:, :4], mask[:, :4])
   steps = [out]
   for i in range(4, 9):
-    route, state = dart.feed(params, tokens[:, i:i + 1], mask[:, i:i + 1], state)
-    out, cache = transformer.apply(params, tokens[:, i:i + 1], cfg=CFG,
-                                   mask_NxT=mask[:, i:i + 1], cache=cache, route_NxT=route)
+    out, cache, state = feed(cache, state, tokens[:, i:i + 1], mask[:, i:i + 1])
     steps.append(out)
   np.testing.assert_allclose(jnp.concatenate(steps, 1)[mask], full[mask], atol=1e-5)
   with pytest.raises(ValueError, match='route_NxT'):
@@ -137,9 +142,9 @@ def test_episode_behaviour_logprobs_equal_the_routed_teacher_forced_recompute(mo
       prompt_buckets=(48,), temperature=1.0, stop_seqs=((TOK.token_to_id('!'),),))
   tokens, mask = sampler.sequences(ep.rollout)
   p = ep.rollout.prompts.tokens_BxP.shape[1]
-  recompute = lambda prm: jnp.take_along_axis(jax.nn.log_softmax(transformer.apply(
+  recompute = jax.jit(lambda prm: jnp.take_along_axis(jax.nn.log_softmax(transformer.apply(
       prm, tokens, cfg=CFG, mask_NxT=mask)[0], -1)[:, p - 1:-1], ep.rollout.tokens_NxL[..., None],
-      -1)[..., 0]
+      -1)[..., 0])
   loss = np.asarray(ep.rollout.loss_mask_NxL)
   route_NxL = np.asarray(dart.route(tokens, mask, spec)[0][:, p - 1:-1])
   assert route_NxL[loss].any() and (~route_NxL[loss]).any()  # Both adapters sampled tokens.
@@ -168,7 +173,7 @@ def test_gradients_reach_each_adapter_only_through_tokens_that_used_it(model):
   base, adapters = model
   grad = jax.jit(jax.grad(_token_loss))
   # No tool tokens anywhere: the tool adapter's gradient is exactly zero.
-  plain = jnp.asarray([[5, 6, 7, 8, 9, 10, 11, 12]])
+  plain = jnp.asarray([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14]])
   g = grad(adapters, base, plain, jnp.ones(plain.shape))
   assert _norm(g['tool']) == 0.0 and _norm(g['reason']) > 0
   # A call at columns 3-6; a loss on tokens predicted from positions before it (causal: their
@@ -212,22 +217,30 @@ def _batch(tokens, advantages):
                     ref_logprobs_NxL=zeros, behaviour_logprobs_NxL=zeros, prefix_mask_NxL=zeros)
 
 
+def _merged(base, adapter):
+  return lora.merge(base, adapter, CFG, LORA)
+
+
+def _routed(base, adapters):
+  return dart.attach(base, adapters, HAND, LORA.scale)
+
+
 def test_cea_on_hand_cases(model):
   base, adapters = model
   # Completion (after 3 prompt tokens): 6 1 2 9 3 4 7: tool tokens at 2 9 3 4 (4 of 7).
   tokens = jnp.asarray([[5, 5, 5, 6, 1, 2, 9, 3, 4, 7]])
 
+  @functools.partial(jax.jit, static_argnums=(1, 3))
   def run(trainable, to_model, adv, routed):
-    def fn(p):  # π_old = the current policy: ratio 1, no clipping, gradient -A grad log-prob.
-      batch = _batch(tokens, adv)
-      old = update.logprobs_step(to_model(p), tokens, batch.mask_NxT, cfg=CFG,
-                                 completion_len=7).logprobs_NxT
-      return cea.cea(p, batch.replace(old_logprobs_NxL=old), to_model=to_model, spec=HAND,
-                     cfg=CFG, objective=update.Objective(max_len=7), routed=routed)
-    return jax.jit(fn)(trainable)
+    # π_old = the current policy: ratio 1, no clipping, gradient -A grad log-prob.
+    batch = _batch(tokens, adv)
+    old = update.logprobs_step(to_model(trainable), tokens, batch.mask_NxT, cfg=CFG,
+                               completion_len=7).logprobs_NxT
+    return cea.cea(trainable, batch.replace(old_logprobs_NxL=old), to_model=to_model, spec=HAND,
+                   cfg=CFG, objective=update.Objective(max_len=7), routed=routed)
 
   joint = _noisy(lora.init(CFG, LORA, jax.random.key(4)), 5)
-  merged = lambda a: lora.merge(base, a, CFG, LORA)
+  merged = functools.partial(_merged, base)
   adv = np.array([[1.0, -0.5, 2.0, 1.0, -1.0, 0.5, 0.3]])
   out = run(joint, merged, adv, False)
   np.testing.assert_allclose(float(out['cea/tool_token_frac']), 4 / 7, rtol=1e-6)
@@ -242,7 +255,7 @@ def test_cea_on_hand_cases(model):
   out = run(joint, merged, only_reason, False)
   assert float(out['cea/tool_grad_norm']) == 0.0 and float(out['cea/cosine']) == 0.0
   # DART: the reasoning loss on the tokens before the call never reaches the tool adapter.
-  routed = lambda a: dart.attach(base, a, HAND, LORA.scale)
+  routed = functools.partial(_routed, base)
   before = np.array([[1.0, -0.5, 0, 0, 0, 0, 0]])  # tokens 6 and 1, predicted before the call
   before = before + flipped * np.asarray(cea.tool_mask(_batch(tokens, adv), HAND))[0]
   out = run(adapters, routed, before, True)
@@ -285,3 +298,23 @@ def test_config_errors_name_the_field(change, match):
 def test_embedding_targets_are_refused():
   with pytest.raises(ValueError, match="routing='dart'.*embed"):
     dart.check(CFG, lora.LoraConfig(rank=4, alpha=8.0, targets=('q', 'embed')))
+
+
+def test_peft_export_writes_each_adapter(model, tmp_path):
+  """No merged model; each adapter in PEFT format (save_peft, round-tripped through peft in
+  adapter_export_test), the reasoning one under reason/, the tool one under tool/."""
+  import safetensors.numpy
+  from rlreason.model import adapter_export
+  from rlreason.rl import adapters as adapters_lib
+  _, pair = model
+  c = _config()
+  c.export.peft_path = str(tmp_path / 'peft')
+  adapter = adapters_lib.Adapter(lora_cfg=LORA, base=None, fingerprint='', merge=None,
+                                 routing='dart', spec=HAND)
+  adapters_lib.export_dart(c, CFG, adapter, pair)
+  for name in dart.ADAPTERS:
+    written = safetensors.numpy.load_file(tmp_path / 'peft' / name / 'adapter_model.safetensors')
+    expected = adapter_export.peft_tensors(CFG, jax.device_get(pair[name]), LORA)
+    assert written.keys() == expected.keys()
+    for key in expected:
+      np.testing.assert_array_equal(written[key], expected[key])

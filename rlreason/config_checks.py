@@ -472,8 +472,11 @@ def _check_mind(c, check) -> None:
   check(1 <= e.max_turn_tokens <= rl.max_new_tokens,
         f'env.max_turn_tokens={e.max_turn_tokens} must be in [1, rl.max_new_tokens='
         f'{rl.max_new_tokens}].')
-  check(e.state == 'typed' or e.max_turns == 1 or e.max_observation_tokens >= 1,
-        f'env.max_observation_tokens={e.max_observation_tokens} must be >= 1.')
+  check(e.state == 'typed' or e.max_turns == 1 or
+        e.max_observation_tokens >= patient.LONGEST_OBSERVATION,
+        f'env.max_observation_tokens={e.max_observation_tokens} cannot hold the patient\'s '
+        f'longest answer ({patient.LONGEST_OBSERVATION} characters): such episodes would end '
+        'truncated.')
   slate = c.get('slate') is not None and c.slate.enabled
   for section, on in (('hapo', c.hapo.enabled), ('prefix_rollouts', c.prefix_rollouts.enabled),
                       ('judge', c.judge.enabled), ('overlong', c.overlong.enabled),

@@ -152,6 +152,7 @@ def test_raw_renderer_and_format():
   renderer = patient.RawRenderer()
   assert renderer.prompt_text(HAND) == 'complaint a\n'
   assert renderer.observation_text([{'role': 'tool', 'content': 'yes'}], True) == '= yes\n'
+  assert patient.LONGEST_OBSERVATION == len('= unsure\n') == 9
   assert patient.TypedRenderer().prompt_text(HAND) == ''
   assert patient.FORMAT.call_end == '\n'
 
@@ -274,4 +275,8 @@ def test_config_checks_refuse_what_typed_rows_cannot_do():
   c = mind.get_config('runlocal')
   c.env.kind = 'tools'
   with pytest.raises(ValueError, match='typed'):
+    config_lib.validate(c, num_devices=1)
+  c = mind.get_config('raw_runlocal')
+  c.env.max_observation_tokens = 8  # '= unsure\n' is 9: the raw episode would end there
+  with pytest.raises(ValueError, match='longest answer'):
     config_lib.validate(c, num_devices=1)

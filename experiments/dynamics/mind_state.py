@@ -55,7 +55,7 @@ def make_config(mode: str, info_gain_coef: float, smoke: bool):
   c.tokenizer.kind = 'chars'
   c.verifier.update(name='exact', workers=1)  # The patient judges 'dx X' itself.
   c.env.update(enabled=True, kind='patient', state=mode, max_turns=6, max_turn_tokens=8,
-               max_observation_tokens=8, options={'info_gain_coef': info_gain_coef},
+               max_observation_tokens=12, options={'info_gain_coef': info_gain_coef},
                transcripts=8)
   if mode == 'typed':  # The state is the prompt; a row is one turn.
     c.data.prompt_buckets = (state_tokens,)
@@ -102,14 +102,16 @@ def evaluate(run, params, rng) -> dict:
           'truncated': mean(truncated)}
 
 
-def simulate(smoke: bool) -> dict:
-  """For each arm, from one initialisation: SFT warm start, then GRPO on the same prompt
-  stream; held-out metrics after SFT and every eval.every steps. The arms of one mode share
-  a built run (same shapes, compiled once): only the environment's reward differs."""
+def simulate(smoke: bool, only: tuple[str, ...] = ()) -> dict:
+  """For each arm (or those in `only`), from one initialisation: SFT warm start, then GRPO on
+  the same prompt stream; held-out metrics after SFT and every eval.every steps. The arms of
+  one mode share a built run (same shapes, compiled once): only the environment's reward
+  differs."""
   from rlreason.envs import patient
   from rlreason.rl import prompt_schedule
   from rlreason.tasks import data
   arms = {'raw': ('raw', 0.0), 'raw+ig': ('raw', 0.2), 'typed+ig': ('typed', 0.2)}
+  arms = {k: v for k, v in arms.items() if not only or k in only}
   results, runs = {}, {}
   eval_rng = jax.random.key(1234)
   for arm, (mode, coef) in arms.items():

@@ -310,6 +310,11 @@ class RawRenderer:
     return ''.join(f'= {m["content"]}\n' for m in messages)
 
 
+# The longest answer as the raw conversation shows it ('= unsure\n'): env.max_observation_tokens
+# must hold it (in characters, an upper bound on tokens), or the episode ends truncated there.
+LONGEST_OBSERVATION = len(RawRenderer().observation_text([{'content': UNSURE}], True))
+
+
 @dataclasses.dataclass(frozen=True)
 class TypedRenderer:
   """Typed mode: a turn's prompt is the state alone, so the shared prompt text is empty (the

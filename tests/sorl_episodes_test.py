@@ -197,3 +197,14 @@ def test_train_step_normalises_by_the_global_sum_of_the_weights(episode_batch):
   np.testing.assert_allclose(m['policy_loss'], float(jnp.sum(loss * w)) / den, rtol=1e-4)
   np.testing.assert_allclose(m['policy_denominator_frac'], den / tokens, rtol=1e-5)
   assert int(new.step) == 1 and float(m['sorl/turns_mean']) > 1.0
+
+
+def test_config_errors_name_the_sorl_fields():
+  c = sorl_config.get_config('runlocal')
+  c.objective.aggregation = 'seq_mean_token_mean'
+  c.objective.loss_kwargs = dict(c.objective.loss_kwargs, turn_ratio='arithmetic')
+  with pytest.raises(ValueError, match=r"(?s)loss_kwargs.turn_ratio='arithmetic'.*"
+                                       r"needs objective.aggregation='token_mean'"):
+    config_lib.validate(c, num_devices=jax.device_count())
+  with pytest.raises(ValueError, match='unknown argument'):
+    sorl_config.get_config('so-ppo')

@@ -14,8 +14,11 @@ reaches the head (its own optimizer and learning rate) and the shared trunk.
 
 A train step accumulates gradients over micro-batches with a scan. Every normaliser is a
 global count computed on the whole minibatch before the split (aggregation.denominators), so
-the loss and gradient do not depend on the number of micro-batches. A non-finite loss or
-gradient leaves params and optimizer state untouched and increments `state.skipped`.
+the loss and gradient do not depend on the number of micro-batches; a self-normalising loss
+(SORL's reliability weights) is divided by its weights' global sum at the current θ, from a
+forward-only pass over the micro-batches (`weights_denominator`) when there are several.
+A non-finite loss or gradient leaves params and optimizer state untouched and increments
+`state.skipped`.
 
 Deliberately not here: sampling, rewards, advantages (the batch carries them), the loop.
 """

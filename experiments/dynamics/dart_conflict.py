@@ -28,7 +28,7 @@ gradient lands in the tool adapter, through hidden states) are the comparable pa
 Result: not yet measured at full scale (the smoke run only checks that the study runs).
 """
 
-import pathlib
+import os
 import sys
 import tempfile
 
@@ -46,7 +46,7 @@ NOTEBOOK = studies.REPO / 'colab' / '14_dart_conflict.ipynb'
 def make_config(*, routing: str | None, scale: str = 'full', warm: str = '', seed: int = 0):
   """The tool demo's run (experiments/demo_tools.py's settings): routing None is the
   full-model warm start (SFT only, exported to `warm`), '' the joint LoRA arm and 'dart' the
-  DART arm, both from `warm` ('' in smoke: a random base, one SFT step of the adapters).
+  DART arm, both from `warm` ('' in smoke: a random base, no warm start).
   scale 'full' or 'smoke'."""
   c = config_lib.default()
   c.seed = seed
@@ -77,7 +77,7 @@ def make_config(*, routing: str | None, scale: str = 'full', warm: str = '', see
                         num_kv_heads=1, head_dim=16)
     c.env.update(max_turn_tokens=52, transcripts=1)
     c.rl.update(max_new_tokens=132, steps=1, prompts_per_step=2, group_size=2)
-    c.sft.update(steps=1, batch_size=4)
+    c.sft.update(steps=0, batch_size=4)
     c.eval.update(every=1, num_prompts=2)
   if routing is None:  # The warm start: SFT of the full model, exported.
     c.rl.steps = 0
@@ -116,14 +116,14 @@ def simulate(smoke: bool) -> dict:
   scale = 'smoke' if smoke else 'full'
   out = {}
   with tempfile.TemporaryDirectory() as root:
-    warm = '' if smoke else str(pathlib.Path(root) / 'warm')
+    warm = '' if smoke else os.path.join(root, 'warm')
     if not smoke:
       with tempfile.TemporaryDirectory() as workdir:
         train.train(make_config(routing=None, scale=scale, warm=warm), workdir)
     for name, routing in (('joint LoRA', ''), ('DART', 'dart')):
       with tempfile.TemporaryDirectory() as workdir:
         train.train(make_config(routing=routing, scale=scale, warm=warm), workdir)
-        out[name] = arm_curves(metrics_lib.read_jsonl(pathlib.Path(workdir) / 'metrics.jsonl'))
+        out[name] = arm_curves(metrics_lib.read_jsonl(os.path.join(workdir, 'metrics.jsonl')))
   return out
 
 

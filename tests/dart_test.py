@@ -318,3 +318,16 @@ def test_peft_export_writes_each_adapter(model, tmp_path):
     assert written.keys() == expected.keys()
     for key in expected:
       np.testing.assert_array_equal(written[key], expected[key])
+
+
+def test_resume_refuses_a_checkpoint_of_the_other_routing():
+  from rlreason.rl import adapters as adapters_lib
+  c = _config()
+  for routing, saved in (('dart', ''), ('', 'dart')):
+    adapter = adapters_lib.Adapter(lora_cfg=LORA, base=None, fingerprint='f', merge=None,
+                                   routing=routing)
+    saved_config = {adapters_lib.FINGERPRINT_KEY: 'f', 'lora': {'routing': saved}}
+    with pytest.raises(ValueError, match='lora.routing'):
+      adapters_lib.check_resume(saved_config, adapter, c)
+    saved_config['lora']['routing'] = routing
+    adapters_lib.check_resume(saved_config, adapter, c)  # Same routing, same base: fine.

@@ -165,6 +165,12 @@ def check_resume(saved_config: dict, adapter: Adapter | None, config) -> None:
     raise ValueError(
         f'the checkpoint was written with lora.enabled={saved is not None} and this run has '
         f'lora.enabled={adapter is not None}: its params cannot be restored here.')
+  saved_routing = (saved_config.get('lora') or {}).get('routing', '')
+  if saved_routing != adapter.routing:
+    raise ValueError(
+        f"the checkpoint was written with lora.routing={saved_routing!r} and this run has "
+        f"lora.routing={adapter.routing!r}: one adapter and DART's two are different trees; "
+        'start a fresh workdir or restore the routing.')
   if saved != adapter.fingerprint:
     raise ValueError(
         f'the checkpoint\'s LoRA adapter was trained on another base model (fingerprint '

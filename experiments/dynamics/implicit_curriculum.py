@@ -9,36 +9,43 @@ spectrum (only k = 1 and k = K), does the hard level sit on a long plateau befor
   python -m experiments.dynamics.implicit_curriculum --smoke    # seconds
   python -m experiments.dynamics.implicit_curriculum --write_notebook  # colab/01_*.ipynb
 
-Runtime: full run ~4.5 min of CPU on 2 cores (10 min wall on the shared machine); smoke ~10 s
-of CPU, mostly compilation.
+Runtime: full run 240 s of CPU (14 min wall on the heavily shared 2-core machine); smoke ~10 s of CPU, mostly compilation.
 
 Setup (rlreason.dynamics.toy_lm; algorithms.md §24 leaves the group, sizes and format unknown,
 so these are our choices): S_3 (|G| = 6, chance 1/6 at every k), K = 4; a 2-layer, d = 32
 decoder; prompt = a K-slot register g_1..g_k + blanks, then s_0 = e; the policy writes
 s_1..s_k and is rewarded 1 iff s_k is right. The paper's pre-trained one-step skill is a
 300-step SFT warm start on single products g · s_0 from a random s_0 (the table, not the
-multi-element fetch); then the whole model trains by GRPO (G = 8, 32 prompts a step, Adam
-1e-3, one on-policy update per batch, seq-mean-token-mean), the same seeds and warm start for
-both spectra; 1200 RL steps; greedy accuracy per k on 128 fixed problems per k every 50 steps;
-3 seeds.
+multi-element fetch). Calibrated (issue #21): the first version's hard SFT left a nearly
+deterministic policy, so most groups had zero reward variance; the warm start now targets
+probability 0.7 on the right product and 0.06 on each other element
+(toy_lm.one_step_sft's target_accuracy, §24(d)'s noisy step with p = 0.7), and RL uses Adam
+3e-4 (1e-3 collapsed the sampling entropy within ~150 steps in a calibration run). Then the
+whole model trains by GRPO (G = 8, 16 prompts a step, one on-policy update per batch,
+seq-mean-token-mean), the same seeds and warm start for both spectra; 3000 RL steps (the
+longest the shared CPU allowed next to studies 3 and 4); greedy accuracy per k on 128 fixed
+problems per k every 100 steps; 5 seeds, every number a seed mean with a 95% Student-t
+interval (rlreason.dynamics.seed_stats). A "jump" is a rise of >= 0.3 in the hardest
+level's accuracy within 3 evaluations (300 steps).
 The jitted loop of rlreason.dynamics.toy_lm is used instead of rlreason.rl.train.train, measured
 ~100x faster per step at this size (the trainer's verifier pool and text decoding dominate).
 
-Result: Partly the same direction as the paper, and only its first half. Easy levels are
-learned first: with the smooth spectrum (median of 3 seeds) k = 1 goes 0.78 -> 1.0 within 50
-steps, k = 2 0.40 -> 0.58 (peak ~0.78 near step 800, then it oscillates), k = 3 0.23 -> 0.29,
-while k = 4 stays at chance (0.13 -> 0.20, chance 1/6) in every seed: the order is easy before
-hard, but the relay does not reach the longest horizon within 1200 steps. With the gap {1, 4},
-k = 4 sits at chance for all 1200 steps in every seed (a plateau, as the theory's vanishing
-p^L signal predicts), and the untrained middle levels decay (k = 2 0.40 -> 0.23). No sudden jump
-happens within the budget, so whether the plateau ends in the paper's grokking-like transition
-cannot be told at this scale; nor can the smooth/gap contrast at k = 4 itself, which is at chance
-in both. What the small scale does show: k = 2 and 3 rise when they are in the mix and decay
-when they are not, and k = 4 gets no usable signal while k = 3 is still near chance. The same
-warm start leaves most groups with zero reward variance in studies 3 and 4 (a nearly
-deterministic policy on k >= 2), which is one reason progress is slow; an exploratory run
-without the warm start (RL from random init, smooth spectrum, 600 steps, 2 seeds) was no faster:
-k = 2 0.14 -> 0.47, k = 3 0.19 -> 0.27, k = 4 0.15 -> 0.24.
+Result: Only the first half of the claim shows; the relay and the plateau-then-jump do not,
+within 3000 steps (the longest budget the shared CPU allowed; 2.5x the first version's 1200).
+Easy before hard (smooth spectrum, 5 seeds, mean ± 95% t): k = 1 0.83 -> 1.00 within 500
+steps, k = 2 0.22 -> 0.50 at step 600 and 0.63 ± 0.17 at 3000, k = 3 0.16 -> 0.25 ± 0.08,
+k = 4 0.17 -> 0.18 ± 0.03 (chance 1/6): the order is easy before hard, but the relay stops at
+k = 2-3 and never reaches k = 4 in any seed (largest 300-step rise 0.05-0.09). Gap {1, 4}:
+k = 4 ends at 0.19 ± 0.04, no seed rises by >= 0.3 within 300 steps at any point of 3000
+(a plateau with no jump), and the untrained k = 2, 3 stay at chance; smooth − gap at k = 4 is
+-0.014 ± 0.032 (paired). Calibration: the soft warm start gives 66% mixed-reward groups at the
+start (the first version's hard SFT gave ~5%), but RL sharpens the policy (sampled-token
+entropy 1.23 -> 0.24 by step 900 -> 0.11) and the share falls to 0.22 by step 900 and ~0.10
+for the rest: k = 1 groups become all-correct and k = 3, 4 groups deterministically wrong
+(their sampled reward stays at chance, 0.16-0.29). So the 20-80% band holds for the first
+~900 steps only; after that the hard levels get no signal, which is the regime of the
+paper's plateau (gradient ~ p^L) but one from which, at this scale and lr, no transition
+emerged. Whether a longer run ends in the paper's grokking-like jump cannot be told here.
 """
 
 
@@ -46,7 +53,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from experiments import dynamics as studies
-from rlreason.dynamics import bandit
+from rlreason.dynamics import seed_stats
 from rlreason.dynamics import toy_lm
 
 
@@ -55,17 +62,18 @@ def simulate(smoke: bool) -> dict:
   max_k = 3 if smoke else 4
   task = toy_lm.GroupTask.make('S3', max_k=max_k)
   cfg = toy_lm.tiny_model(task, hidden=16 if smoke else 32, layers=1 if smoke else 2,
-                               heads=2)
-  steps, every, seeds = (4, 2, (0,)) if smoke else (1200, 50, (0, 1, 2))
+                          heads=2)
+  steps, every, seeds = (4, 2, (0, 1)) if smoke else (3000, 100, (0, 1, 2, 3, 4))
+  # Calibrated warm start: a soft one-step table (sampled accuracy 0.7), so groups are mixed.
   params_S = toy_lm.initial_params(task=task, model_cfg=cfg, seeds=seeds,
-                                        sft_steps=10 if smoke else 300)
+                                   sft_steps=10 if smoke else 300, target_accuracy=0.7)
   spectra = {'smooth': tuple(range(1, max_k + 1)), 'gap': (1, max_k)}
   runs = {}
   for name, difficulties in spectra.items():
     runs[name] = toy_lm.train(
         task=task, difficulties=difficulties, estimator='grpo', group_size=8,
-        prompts_per_step=8 if smoke else 32, steps=steps, eval_every=every, model_cfg=cfg,
-        seeds=seeds, lr=1e-3, eval_per_k=16 if smoke else 128, params_S=params_S)
+        prompts_per_step=4 if smoke else 16, steps=steps, eval_every=every, model_cfg=cfg,
+        seeds=seeds, lr=3e-4, eval_per_k=16 if smoke else 128, params_S=params_S)
   return {'task': task, 'spectra': spectra, 'runs': runs, 'chance': 1 / task.order}
 
 
@@ -75,55 +83,93 @@ def first_step_above(steps_E, acc_E, threshold: float):
   return int(steps_E[hit[0]]) if hit.size else None
 
 
+def largest_rise(acc_E, window: int = 3) -> float:
+  """The largest accuracy gain over `window` consecutive evaluations (a jump detector)."""
+  acc_E = np.asarray(acc_E)
+  return float(np.max(acc_E[window:] - acc_E[:-window])) if acc_E.size > window else 0.0
+
+
+def mixed_SxB(h):
+  """Share of groups with mixed rewards (σ_x > 0), per seed and evaluation block."""
+  return seed_stats.block_mean(1.0 - h.train['zero_std_frac'], int(h.eval_steps_E[1]))
+
+
 def figure(results: dict):
-  """Per-k greedy accuracy over training: smooth spectrum, gapped spectrum, hardest k in both."""
+  """Per-k accuracy per spectrum (mean, 95% t-CI), hardest k per seed, mixed-group share."""
   runs, max_k = results['runs'], results['task'].max_k
-  fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+  fig, axes = plt.subplots(1, 4, figsize=(20, 4))
   colors = plt.cm.viridis(np.linspace(0, 0.9, max_k))
   for ax, name in zip(axes[:2], ('smooth', 'gap')):
     h = runs[name]
     for k in range(1, max_k + 1):
-      style = '-' if k in results['spectra'][name] else ':'
-      line = bandit.plot_band(ax, h.eval_steps_E, h.eval_acc_SxExK[:, :, k - 1],
-                                label=f'k={k}' + ('' if style == '-' else ' (not trained)'),
-                                color=colors[k - 1])
-      line.set_linestyle(style)
+      trained = k in results['spectra'][name]
+      seed_stats.plot_ci(ax, h.eval_steps_E, h.eval_acc_SxExK[:, :, k - 1],
+                         label=f'k={k}' + ('' if trained else ' (not trained)'),
+                         color=colors[k - 1], ls='-' if trained else ':')
     ax.axhline(results['chance'], color='grey', lw=0.8, ls='--')
     ax.set(xlabel='RL step', ylabel='greedy accuracy', ylim=(0, 1.02),
-           title=f'{name}: k in {results["spectra"][name]} (median, IQR over seeds)')
+           title=f'{name}: k in {results["spectra"][name]} (mean, 95% t-CI)')
     ax.legend(fontsize=8)
   for name, style in (('smooth', '-'), ('gap', '--')):
     h = runs[name]
     for s in range(h.eval_acc_SxExK.shape[0]):
       axes[2].plot(h.eval_steps_E, h.eval_acc_SxExK[s, :, -1], style, color=f'C{s}',
                    label=f'{name}, seed {s}')
+    every = int(h.eval_steps_E[1])
+    seed_stats.plot_ci(axes[3], h.eval_steps_E[1:] - every / 2, mixed_SxB(h), label=name,
+                       ls=style)
   axes[2].axhline(results['chance'], color='grey', lw=0.8, ls='--')
   axes[2].set(xlabel='RL step', ylabel=f'greedy accuracy at k={max_k}', ylim=(0, 1.02),
               title=f'hardest level k={max_k}, every seed')
-  axes[2].legend(fontsize=7)
+  axes[2].legend(fontsize=6, ncol=2)
+  axes[3].axhspan(0.2, 0.8, color='green', alpha=0.06)
+  axes[3].set(xlabel='RL step', ylabel='share of groups with mixed rewards', ylim=(0, 1),
+              title='mixed-reward groups (mean, 95% t-CI)')
+  axes[3].legend(fontsize=8)
   fig.tight_layout()
   return fig
 
 
 def summary(results: dict) -> str:
-  """Final per-k accuracy and the step each k first reaches 0.5, per spectrum (seed median)."""
-  lines = [f'chance = {results["chance"]:.3f}']
-  for name, h in results['runs'].items():
-    med_ExK = np.median(h.eval_acc_SxExK, 0)
-    first = [first_step_above(h.eval_steps_E, med_ExK[:, k], 0.5) for k in range(med_ExK.shape[1])]
-    lines.append(f'{name} {results["spectra"][name]}: acc after warm start '
-                 f'{toy_lm.rounded(med_ExK[0])}, final {toy_lm.rounded(med_ExK[-1])}, '
-                 f'first step >= 0.5 per k {first}')
-    per_seed = [[first_step_above(h.eval_steps_E, h.eval_acc_SxExK[s, :, -1], 0.5)
-                 for s in range(h.eval_acc_SxExK.shape[0])]]
-    lines.append(f'  hardest k per seed: first step >= 0.5 {per_seed[0]}, final '
-                 f'{toy_lm.rounded(h.eval_acc_SxExK[:, -1, -1])}')
+  """Mixed-group share, per-k accuracy with 95% t-CIs, when each k passes 0.5, jumps, verdict."""
+  runs, chance = results['runs'], results['chance']
+  lines = [f'chance = {chance:.3f}; 95% Student-t intervals over seeds']
+  hard = {}
+  for name, h in runs.items():
+    acc_SxExK = h.eval_acc_SxExK
+    mean_ExK = acc_SxExK.mean(0)
+    first = [first_step_above(h.eval_steps_E, mean_ExK[:, k], 0.5)
+             for k in range(mean_ExK.shape[1])]
+    hard[name] = acc_SxExK[:, :, -1]
+    lines += [
+        f'{name} {results["spectra"][name]} ({int(h.eval_steps_E[-1])} steps): after warm '
+        f'start {toy_lm.rounded(mean_ExK[0])}, final per k '
+        + ', '.join(seed_stats.format_ci(acc_SxExK[:, -1, k], digits=2)
+                    for k in range(acc_SxExK.shape[2]))
+        + f'; first step with mean >= 0.5 per k {first}',
+        f'  mixed-group share per {int(h.eval_steps_E[1])} steps: '
+        f'{toy_lm.rounded(mixed_SxB(h).mean(0))}',
+        f'  hardest k per seed: final {toy_lm.rounded(hard[name][:, -1])}, first step >= 0.5 '
+        f'{[first_step_above(h.eval_steps_E, a, 0.5) for a in hard[name]]}, largest rise over '
+        f'3 evaluations {toy_lm.rounded([largest_rise(a) for a in hard[name]])}']
+  smooth_first = [first_step_above(runs['smooth'].eval_steps_E, a, 0.5)
+                  for a in runs['smooth'].eval_acc_SxExK.mean(0).T]
+  reached = [f for f in smooth_first if f is not None]
+  easy_first = len(reached) >= 2 and reached == sorted(reached)
+  relay = seed_stats.t_interval(hard['smooth'][:, -1:] - chance)[1][0] > 0.1
+  jumps = sum(largest_rise(a) >= 0.3 for a in hard['gap'])
+  lines += [f'smooth − gap at the hardest k, final (paired): '
+            f'{seed_stats.format_ci(hard["smooth"][:, -1] - hard["gap"][:, -1])}',
+            f'Claims: easy levels first (smooth): {"SHOWS" if easy_first else "does NOT show"}; '
+            f'relay to the hardest k (smooth, CI > chance + 0.1): '
+            f'{"SHOWS" if relay else "does NOT show"}; plateau then jump (gap): '
+            f'{jumps} of {len(hard["gap"])} seeds rise >= 0.3 within 3 evaluations.']
   return '\n'.join(lines)
 
 
 def main():
-  studies.run_study(__name__, notebook='01_implicit_curriculum', helpers=('first_step_above',),
-                    dpi=70)
+  studies.run_study(__name__, notebook='01_implicit_curriculum',
+                    helpers=('first_step_above', 'largest_rise', 'mixed_SxB'), dpi=70)
 
 
 if __name__ == '__main__':

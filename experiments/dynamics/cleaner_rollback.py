@@ -92,13 +92,10 @@ def make_config(*, rollback: bool, scale: str = 'full', seed: int = 0):
   return c
 
 
-ARMS = (('plain GRPO', False), ('CLEANER rollback', True))
-
-
 def simulate(smoke: bool) -> dict:
   """Both arms from the same warm start (same seed): their per-step training metrics."""
   out = {}
-  for name, rollback in ARMS:
+  for name, rollback in (('plain GRPO', False), ('CLEANER rollback', True)):
     config = make_config(rollback=rollback, scale='smoke' if smoke else 'full')
     with tempfile.TemporaryDirectory() as workdir:
       train.train(config, workdir)
@@ -181,7 +178,7 @@ def main():
     rows = rl.prompts_per_step * rl.group_size
     results = {name: arm_curves(metrics_lib.read_jsonl(os.path.join(workdir, 'metrics.jsonl')),
                                 rows_per_step=rows)
-               for (name, _), workdir in zip(ARMS, (plain, rollback))}
+               for name, workdir in (('plain GRPO', plain), ('CLEANER rollback', rollback))}
     print(summary(results))
     figure(results).savefig(studies.FIGURES / f'{NOTEBOOK.stem}.png', dpi=60)
     return

@@ -9,7 +9,8 @@ spectrum (only k = 1 and k = K), does the hard level sit on a long plateau befor
   python -m experiments.dynamics.implicit_curriculum --smoke    # seconds
   python -m experiments.dynamics.implicit_curriculum --write_notebook  # colab/01_*.ipynb
 
-Runtime: full run 240 s of CPU (14 min wall on the heavily shared 2-core machine); smoke ~10 s of CPU, mostly compilation.
+Runtime: full run 240 s of CPU (14 min wall on the heavily shared 2-core machine); smoke
+~13 s of CPU, mostly compilation.
 
 Setup (rlreason.dynamics.toy_lm; algorithms.md §24 leaves the group, sizes and format unknown,
 so these are our choices): S_3 (|G| = 6, chance 1/6 at every k), K = 4; a 2-layer, d = 32

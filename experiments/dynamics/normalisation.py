@@ -11,7 +11,8 @@ per-prompt variances become heterogeneous; at 7B the schemes are indistinguishab
   python -m experiments.dynamics.normalisation --smoke    # seconds
   python -m experiments.dynamics.normalisation --write_notebook   # regenerates colab/04_*.ipynb
 
-Runtime: full run 70 s of CPU (4.7 min wall on the heavily shared 2-core machine); smoke ~10 s of CPU, mostly compilation.
+Runtime: full run 70 s of CPU (4.7 min wall on the heavily shared 2-core machine); smoke
+~13 s of CPU, mostly compilation.
 
 Setup (rlreason.dynamics.toy_lm, the task of study 1), calibrated (issue #21) so that the
 schemes have something to act on: the first version warm-started by hard SFT, which left a

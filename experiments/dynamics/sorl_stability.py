@@ -12,7 +12,8 @@ turn-level ratios plus the normalisation keep it stable, with lower clipping rat
   python -m experiments.dynamics.sorl_stability --smoke    # seconds
   python -m experiments.dynamics.sorl_stability --write_notebook   # regenerates colab/07_*.ipynb
 
-Runtime: see Result.
+Runtime: full run ~6 min of CPU (26 min wall at load ~27 on the shared 2-core machine); smoke
+~15-20 s of CPU, nearly all compilation (the notebook test: 176 s wall under that load).
 
 Setup: the tool demo's task at 2-digit operands (experiments/demo_tools.py: 'What is 45 * 56?
 Use the calculator.', the 'tags' calculator tool, exact-match reward, character tokenizer)
@@ -29,7 +30,28 @@ clip fraction each loss reports, averaged over its 8 updates (tokens for PPO-cli
 clipped turns for the turn losses: not the same quantity). 3 seeds. The smoke setting (the
 notebook test's) runs a 1-layer d = 32 model, 2 SFT steps and the first two methods only.
 
-Result: to be filled from the full run.
+Result: The paper's claim does not show here; if anything the opposite. (Full run, 3 seeds,
+15 steps; "collapsed" = the sampled reward falls to 0 and stays there: every group then has
+zero advantage, nothing is updated, and the KL to behaviour decays to ~1e-6, the curves that
+dive in the middle panel.)
+* PPO-clip (token ratios): 1 of 3 seeds collapsed (step ~6); final reward (mean of the last 3
+  steps) 0.115 / 0.193 / 0.000, median 0.115; largest drop after a seed's peak 0.30; mean KL
+  to behaviour after the 8 updates 0.133 (max 0.37); clip fraction 0.025.
+* SO-GRPO (turn ratios + normalisation): 3 of 3 collapsed (steps 5-10); final 0.000 in every
+  seed; largest drop 0.30; mean KL 0.086 (max 0.33); clip fraction 0.031.
+* Turn-PPO (turn ratio only): 2 of 3 collapsed; final 0.000 / 0.000 / 0.130; largest drop
+  0.27; mean KL 0.156 (max 0.54); clip fraction 0.039.
+No method learned in this regime (no seed's sampled reward passed 0.37 from ~0.1 at the
+warm start), so this measures stability only, and there token-level clipping held best. The
+turn losses also clipped more, not less (their clip fraction counts tokens of clipped turns,
+PPO's clipped tokens: not the same quantity). A likely reason, not measured directly: in
+this task the decision is one character of the call ('calculator' against the misnamed
+'calculater') among ~50 copied tokens, so the geometric turn ratio averages that token's
+ratio with ~50 near-1 ratios and clips it far later than a per-token ratio does: the worst
+case for a turn-level ratio. The paper's agents decide over many tokens per turn (queries,
+analyses). Weak evidence either way: 3 seeds, one task, one learning rate (1e-3, 8 updates
+per batch), a 2-layer model; all SORL forms are our formalisation (the paper's method section
+could not be read).
 """
 
 import functools

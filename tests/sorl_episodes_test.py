@@ -34,8 +34,7 @@ def _sorl(lp, **kw):
                      turn_ids_NxL=jnp.asarray(_TURNS), num_turns=2, **kw)
 
 
-@pytest.mark.parametrize('jit', [False, True])
-def test_turn_ratio_two_turn_hand_case(jit):
+def test_turn_ratio_two_turn_hand_case():
   # geometric: ρ00 = e^{(0.1 − 0.4)/2} = e^{−0.15} = 0.860708 ≥ 0.8: unclipped, ℓ = −A ρ =
   #   0.860708 on both tokens, ∂ℓ/∂lp = −A ρ = 0.860708 each; ρ01 = e^{−0.4} = 0.670320 < 0.8
   #   with A < 0: clipped, ℓ = −(0.8·−1) = 0.8, no gradient. Row 1: ρ = e^{0.2} = 1.221403 >
@@ -43,9 +42,9 @@ def test_turn_ratio_two_turn_hand_case(jit):
   # exact: ρ00 = e^{−0.3} = 0.740818 and ρ01 = e^{−0.8} = 0.449329, both clipped (ℓ = 0.8).
   # token (S-PPO): r = e^{0.1} = 1.105171 (A < 0, r > 1 stays unclipped: ℓ = 1.105171),
   #   e^{−0.4}, e^{−0.5} = 0.606531, e^{−0.3} = 0.740818 all < 0.8: ℓ = 0.8; ω0 = 1 − 3/4.
-  maybe_jit = jax.jit if jit else (lambda f: f)
+  # Jitted here; losses_test runs sorl's hand case eagerly too.
   lp = jnp.zeros((2, 6))
-  run = lambda **kw: maybe_jit(functools.partial(_sorl, **kw))(lp)
+  run = lambda **kw: jax.jit(functools.partial(_sorl, **kw))(lp)
   loss, w, m = run()
   np.testing.assert_allclose(loss, [[0.860708, 0.860708, 0, 0.8, 0.8, 0],
                                     [-1.2, -1.2, 0, 0, 0, 0]], rtol=1e-5, atol=1e-7)

@@ -16,7 +16,13 @@ by the correction, at most 3 retries per turn; the corrected calls' tokens are o
 (feedback '{error}'): the tiny model learned to correct after that text, the reference's English
 instruction means nothing to it. ':plain' is the same run without rollback (plain GRPO on the
 raw episodes). The settings are the study's (experiments/dynamics/cleaner_rollback.py, which
-runs both arms and reports the measured numbers; colab/09_cleaner_rollback.ipynb).
+runs both arms; colab/09_cleaner_rollback.ipynb).
+
+Measured 2026-12-02, seed 0, 1 CPU process each on the shared 2-core VM (load 20-30): ~5.3
+CPU-min and 38-39 min wall per arm. Error-contaminated turns in the trained trajectories 0.24
+(plain, flat) vs 0.015 (rollback); first-attempt error rate 0.24 (plain) vs 0.21 -> 0.02
+(rollback); training accuracy (T = 1) last 15 steps 0.833 vs 0.855 for 180k vs 128k generated
+tokens; greedy pass@1 on 128 held-out problems 1.000 -> 0.930 (plain) vs 1.000 -> 0.977.
 """
 
 from experiments.dynamics import cleaner_rollback

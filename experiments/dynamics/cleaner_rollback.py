@@ -34,8 +34,9 @@ min wall each at load 20-30 on the shared 2-core VM) and drawn with --workdirs; 
 Result: (full run, seed 0, both arms from the same warm start: greedy pass@1 1.000, greedy
 episodes 111 tokens each, about one broken call first in four calls at T = 1)
 * Error-contaminated turns in the trained trajectories: plain GRPO 0.247 (first 15 steps) ->
-  0.244 (last 15), flat; with rollback 0.016 -> 0.014 (the kept failures are other kinds:
-  malformed calls or unparseable names, outside the SyntaxError class).
+  0.244 (last 15), flat; with rollback 0.016 -> 0.014 (the kept failures are outside the
+  SyntaxError class: malformed calls (invalid JSON) 91% of them, an unknown tool, other bad
+  arguments).
 * The policy's own error rate (first attempts, before any rollback): plain stays at 0.24;
   with rollback it falls 0.214 (step 1) -> 0.05 by step 4 -> 0.022 (mean of the last 15
   steps): the corrections are trained in the clean context and the broken calls never are,

@@ -269,9 +269,10 @@ def provenance_metrics(batch: TrainBatch, *, learner_version: int,
   # far the behaviour log-probs (error in context) are from π_old on the purified sequence.
   rolled = real & (v == -3)
   metrics['provenance/rollback_token_frac'] = rolled.sum() / count
-  metrics['rollback/abs_logprob_diff_learner'] = jnp.where(rolled, jnp.abs(
-      batch.behaviour_logprobs_NxL - batch.old_logprobs_NxL), 0.0).sum() / jnp.maximum(
-          rolled.sum(), 1)
+  if batch.behaviour_logprobs_NxL is not None and batch.old_logprobs_NxL is not None:
+    metrics['rollback/abs_logprob_diff_learner'] = jnp.where(rolled, jnp.abs(
+        batch.behaviour_logprobs_NxL - batch.old_logprobs_NxL), 0.0).sum() / jnp.maximum(
+            rolled.sum(), 1)
   return metrics
 
 

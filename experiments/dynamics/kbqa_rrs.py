@@ -11,7 +11,8 @@ after SFT and after the same GRPO steps?
   python -m experiments.dynamics.kbqa_rrs --smoke    # seconds
   python -m experiments.dynamics.kbqa_rrs --write_notebook   # colab/11_kbqa_rrs.ipynb
 
-Runtime: see Result.
+Runtime: smoke ~20 s of CPU (its compilations); the full setting is estimated at >= 25 min of
+CPU (SFT ~0.4 CPU-s a step at 32 x 489 tokens) and was not run: see Result.
 
 Setup: experiments/kbqa_r1.py's settings (make_config pins them; tests/kbqa_r1_test.py checks
 the two agree): kb_qa at difficulty 1, the kb tool in the 'tags' format, a character-level
@@ -27,7 +28,24 @@ same 64 held-out problems x 8 episodes at T = 1 (the policy GRPO samples from), 
 0 (after SFT), 10, 20, 30: accuracy (correct final answer), action validity (executed actions
 = gold, no failed call) and "right answer by a wrong path" (correct, not valid).
 
-Result: (pending: the full run's numbers are written here after it is run)
+Result: (2026-12-02; the full setting was NOT run, see the last point)
+* Cold-start data (exact: 400 problems of the SFT stream, the teacher at gold_prob 0.3, 4
+  tries): 'unfiltered' trains on every problem, but only 26% of its traces execute the gold
+  actions and 37% are right by a wrong path (64% right in all); 'answer' keeps 346/400
+  problems (722 traces sampled), of which 58% are gold and 42% right by a wrong path; 'rrs'
+  keeps 291/400 problems (1032 traces sampled), all gold. Only RRS removes the procedures
+  that are right by luck: the data-level half of the claim, true by construction here.
+* Training, a reduced run (SFT only, the full model and data; 32 held-out problems x 8
+  episodes at T = 1): on RRS data (75.9% of problems kept, 48652 traces sampled for 19200
+  problems) accuracy 0.004 / 0.000 and validity 0.000 / 0.000 after 300 / 600 steps (SFT
+  loss 0.186 per token); on unfiltered data accuracy 0.004, validity 0.000 after 150 steps.
+  The model had learned neither cold start's task, so the comparison is at zero.
+* So whether an RRS cold start beats an unfiltered one after SFT and after GRPO is NOT
+  measured at this scale. The full setting (3 x 500 SFT + 30 GRPO steps) needs >= 25 min of
+  CPU, and the shared 2-core machine ran at load 20-28 during this session (one process got
+  ~15% of a core: 300 SFT steps took 24 min of wall time). A from-scratch character model may
+  also need far more than 500 SFT steps to copy entity names from prompt and observations
+  (the calculator demo needed 800 for one copy).
 """
 
 import sys

@@ -20,8 +20,12 @@ final answer, minus env.error_penalty = 0.1 per failed or malformed call (our fo
 policy learns from execution results, the project page that queries must execute against the
 KB schema).
 
-Runtime (2-core CPU, quiet): see experiments/dynamics/kbqa_rrs.py, which runs the three
-sources through the same pieces (its docstring has the measured numbers).
+Runtime and headline number: not measured end to end. SFT costs ~0.4 CPU-s a step (32 x 489
+tokens), so the 500-step warm start is ~3.5 CPU-min and the job roughly 8-10; on the shared
+2-core machine (load 20-28) a reduced run of the study (experiments/dynamics/kbqa_rrs.py, the
+same settings) left the model at accuracy 0.000 after 600 RRS SFT steps: this warm start is
+too short for a from-scratch character model to learn to copy entity names, and the GRPO
+phase was not reached. Treat these settings as a working starting point, not a tuned recipe.
 """
 
 from rlreason import config as config_lib

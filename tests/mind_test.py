@@ -69,7 +69,8 @@ def test_typed_state_after_a_hand_scripted_consultation():
   assert patient.consistent(BANK, evidence) == ('A', 'B', 'D')
   assert patient.checks(BANK, evidence) == ('b', 'c')
   assert patient.supports(BANK, evidence) == (('A', 1, 2), ('B', 1, 2), ('D', 1, 1))
-  assert patient.render_state(BANK, evidence) == 'ev a+\nchk b c\ndif A B D\nsup A1/2 B1/2 D1/1\nlow -\n'
+  assert patient.render_state(BANK, evidence) == ('ev a+\nchk b c\ndif A B D\n'
+                                                  'sup A1/2 B1/2 D1/1\nlow -\n')
   # b- removes A; d? changes nothing but is low reliability; c+ removes D.
   evidence += [('b', 'no')]
   assert patient.consistent(BANK, evidence) == ('B', 'D')

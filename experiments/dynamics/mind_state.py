@@ -96,7 +96,7 @@ def make_config(mode: str, info_gain_coef: float, smoke: bool):
                         num_kv_heads=1, head_dim=16)
     c.env.update(max_turns=3, transcripts=2)
     c.sft.update(steps=2, batch_size=8)
-    c.rl.update(steps=1, prompts_per_step=2, group_size=2)
+    c.rl.update(steps=1, prompts_per_step=2, group_size=4)  # 8 rows: the tests fake 8 devices.
     c.eval.update(every=1, num_prompts=2)
   return c
 

@@ -38,7 +38,8 @@ Result: (2026-12-02; the full setting was NOT run, see the last point)
 * Training, a reduced run (SFT only, the full model and data; 32 held-out problems x 8
   episodes at T = 1): on RRS data (75.9% of problems kept, 48652 traces sampled for 19200
   problems) accuracy 0.004 / 0.000 and validity 0.000 / 0.000 after 300 / 600 steps (SFT
-  loss 0.186 per token); on unfiltered data accuracy 0.004, validity 0.000 after 150 steps.
+  loss 0.186 per token); on unfiltered data accuracy 0.004 / 0.004 and validity 0.000 /
+  0.000 after 150 / 300 steps (loss 0.179).
   The model had learned neither cold start's task, so the comparison is at zero.
 * So whether an RRS cold start beats an unfiltered one after SFT and after GRPO is NOT
   measured at this scale. The full setting (3 x 500 SFT + 30 GRPO steps) needs >= 25 min of

@@ -25,7 +25,27 @@ Under DART the whole-tree cosine is small by construction (each loss mostly move
 adapter); the within-adapter cosines and the cross shares (how much of the reasoning loss's
 gradient lands in the tool adapter, through hidden states) are the comparable part.
 
-Result: not yet measured at full scale (the smoke run only checks that the study runs).
+Result: measured 2026-12-02 on CPU, one warm start: 800 SFT steps, greedy pass@1 0.000 after
+it, as in the demo; then each arm 12 GRPO steps; ~6 s a step at load ~10; the warm start took
+30 min at load ~27. Seeds 0 / 1 / 2 of the RL runs (data order, sampling, adapter init):
+
+  arm              greedy pass@1, step 6   train accuracy, last 5   CEA cosine (mean)
+  joint LoRA r8    0.000 / 0.000 / 0.969    0.619 / 0.688 / 0.694    -0.002 / +0.011 / +0.003
+  DART 2 x r8      0.938 / 1.000 / 1.000    0.713 / 0.809 / 0.778    +0.005 / +0.002 / +0.000
+  joint LoRA r16   0.641 (seed 0 only)      0.822                    +0.035
+
+Every arm reaches pass@1 1.000 at step 12. The paper's interference claim does not show here:
+the reasoning-token and tool-token gradients are nearly orthogonal in every arm (per-step
+|cos| <= 0.13 under joint r8, <= 0.19 under joint r16, <= 0.03 over DART's two adapters,
+sign changing from step to step; negative at about half the steps), not misaligned. Inside
+DART, 1-18% of the reasoning loss's squared gradient norm lands in the tool adapter and 1-37%
+of the tool loss's in the reasoning adapter (through hidden states of earlier tokens).
+DART learned faster than joint LoRA at the same rank on all three seeds, but a joint adapter
+of rank 16 (the same trainable parameter count as DART's two rank-8 ones; the control is
+make_config(routing='', rank=16), not in simulate() to keep the notebook short) did as well
+or better on accuracy on seed 0: the capacity difference explains at least part of the gap,
+and 3 seeds of a 12-step toy cannot separate it from disentanglement. Tool-call tokens are
+72% of the trained tokens (the call text is long, the answer short). The figure is seed 0.
 """
 
 import os
@@ -43,11 +63,12 @@ from rlreason.rl import train
 NOTEBOOK = studies.REPO / 'colab' / '14_dart_conflict.ipynb'
 
 
-def make_config(*, routing: str | None, scale: str = 'full', warm: str = '', seed: int = 0):
+def make_config(*, routing: str | None, scale: str = 'full', warm: str = '', seed: int = 0,
+                rank: int = 8):
   """The tool demo's run (experiments/demo_tools.py's settings): routing None is the
   full-model warm start (SFT only, exported to `warm`), '' the joint LoRA arm and 'dart' the
   DART arm, both from `warm` ('' in smoke: a random base, no warm start).
-  scale 'full' or 'smoke'."""
+  scale 'full' or 'smoke'; rank: of each adapter."""
   c = config_lib.default()
   c.seed = seed
   c.data.update(task='calc_multiply', difficulty=4, prompt_template='{prompt}\n',
@@ -87,7 +108,7 @@ def make_config(*, routing: str | None, scale: str = 'full', warm: str = '', see
     c.model.update(init='hf', path=warm)
     c.sft.steps = 0
   c.optimizer.lr = 2e-3
-  c.lora.update(enabled=True, rank=8, alpha=16.0, routing=routing,
+  c.lora.update(enabled=True, rank=rank, alpha=2.0 * rank, routing=routing,
                 cea_every=1 if scale == 'smoke' else 2)
   return c
 
@@ -140,7 +161,10 @@ def figure(results: dict):
     axes[1].plot(arm['step'], arm['train_accuracy'], label=name)
     axes[2].plot(arm['eval_step'], arm['eval_pass1'], 'o-', label=name)
   axes[0].axhline(0, color='gray', lw=0.5)
-  axes[0].set(title='CEA: cos(grad L_reason, grad L_tool)', xlabel='GRPO step', ylim=(-1, 1))
+  cosines = np.concatenate([arm[k] for arm in results.values() for k in (
+      'cosine', 'cosine_reason_adapter', 'cosine_tool_adapter')])
+  lim = max(0.05, 1.2 * float(np.nanmax(np.abs(cosines), initial=0.0)))
+  axes[0].set(title='CEA: cos(grad L_reason, grad L_tool)', xlabel='GRPO step', ylim=(-lim, lim))
   axes[1].set(title='training accuracy (T = 1)', xlabel='GRPO step', ylim=(-0.02, 1.02))
   axes[2].set(title='greedy pass@1 (held out)', xlabel='GRPO step', ylim=(-0.02, 1.02))
   for ax in axes:

@@ -23,7 +23,9 @@ ALLOWED = {
     'objectives': {'model', 'structs'},  # vocab_parallel reads model.sharding's rule tables.
     'tasks': {'verifiers'},
     'multihost': {'verifiers'},
-    'rollout': {'model', 'structs', 'tasks', 'verifiers'},
+    # envs/ is host-side Python below rollout/ (no JAX, no model): CLEANER's rollback reads
+    # the tools' declared error classes from its registry.
+    'rollout': {'envs', 'model', 'structs', 'tasks', 'verifiers'},
     'config': {'config_checks'},
     'config_checks': {'envs', 'model', 'objectives', 'rollout', 'tasks', 'verifiers'},
     'rl': {'config', 'envs', 'model', 'multihost', 'objectives', 'rollout', 'structs', 'tasks',

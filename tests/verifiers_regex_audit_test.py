@@ -29,9 +29,12 @@ from rlreason import verifiers
 from rlreason.envs import base as env_base
 from rlreason.envs import calculator
 from rlreason.envs import formats
+from rlreason.envs import patient
+from rlreason.envs import slate_rules
 from rlreason.envs import tasks as env_tasks
 from rlreason.model import tokenizer
 from rlreason.rollout import judge
+from rlreason.rollout import slate_judge
 from rlreason.tasks import arithmetic as arithmetic_task
 from rlreason.tasks import policy_recall as policy_task
 from rlreason.verifiers import answer_extraction as ae
@@ -106,6 +109,11 @@ PATTERNS = {
     'envs.formats._TAGS_BODY': (_fn(formats._TAGS_BODY, 'fullmatch'), ('a', ' a', 'a:', 'a.')),
     'envs.calculator._DECIMAL': (_fn(calculator._DECIMAL, 'fullmatch'), ('1', '.', '1.', 'e1')),
     'envs.tasks._REF': (_fn(env_tasks._REF, 'fullmatch'), ('$1', '$', '[0]')),
+    'envs.patient._ACTION': (_fn(patient._ACTION, 'fullmatch'),
+                             ('ask', 'ask ', 'dx a', ' dx ', 'ask a b')),
+    'envs.slate_rules.NAME': (_fn(slate_rules.NAME, 'findall'), ('A', 'Ab', 'AB', 'aB')),
+    'rollout.slate_judge._THINK': (_fn(slate_judge._THINK, 'search'),
+                                   ('<think>', '</think>', '<think></think>', '<think')),
 }
 
 
@@ -211,6 +219,7 @@ SCANNED = {
     'rollout/judge.py': 2, 'model/tokenizer.py': 1, 'tasks/arithmetic.py': 1,
     'tasks/policy_recall.py': 1, 'envs/calculator.py': 1, 'envs/formats.py': 3,
     'envs/tasks.py': 1,  # envs/tasks: gold call references, not model output.
+    'envs/patient.py': 1, 'envs/slate_rules.py': 1, 'rollout/slate_judge.py': 1,
 }
 _CALL = re.compile(r'\bre\.(?:compile|search|match|fullmatch|findall|finditer|split|subn?)\(')
 

@@ -112,7 +112,7 @@ def score(run, rollout: Rollout, examples, *, progress: float, params=None,
         judge_rewards=result.rewards_N, progress=progress)
     rewards_BxG = np.array(rewards_N, np.float32).reshape(-1, g)
     metrics.update({**result.metrics(), **mix_metrics})
-  if run.reward_model is not None and judge:  # Training rewards only; evaluation counts verdicts.
+  if getattr(run, 'reward_model', None) is not None and judge:  # Training rewards only; evaluation counts verdicts.
     rewards_BxG, rm_metrics = learned_rewards(run, rollout, rewards_BxG)
     metrics.update(rm_metrics)
   if run.config.overlong.enabled:

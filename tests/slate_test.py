@@ -218,7 +218,10 @@ def test_rows_hold_the_prefix_then_one_step_and_match_a_teacher_forced_recompute
       rows = b * g + t * k + np.arange(k)
       for n in rows:
         step_len = int(loss[n].sum())
-        assert 1 <= step_len <= step_tokens
+        # A step ends at its stop token or an EOS, or is cut at max_turn_tokens.
+        last = int(tokens[n, q + step_len - 1]) if step_len else None
+        ends = {TOK.token_to_id('!'), *TOK.eos_ids}
+        assert step_len == step_tokens or (0 < step_len and last in ends), (step_len, last)
         # The prefix (every earlier chosen step and observation), then the step: nothing else.
         np.testing.assert_array_equal(prefix[n], np.arange(width) < q)
         cols = np.arange(width)

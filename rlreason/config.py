@@ -1,5 +1,5 @@
 """The default config tree; the checks that run on it before anything compiles are in
-config_checks.py (`validate`, re-exported here).
+config_checks/ (`validate`, re-exported here).
 
 Experiments (`experiments/*.py`) start from `default()` and override what they need; the
 loop reads the tree only at its edges and hands plain keyword arguments to library code.

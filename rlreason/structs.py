@@ -20,6 +20,7 @@ import jax
 # snapshot's version). Tokens no version of the policy sampled carry a negative mark:
 VERSION_TEACHER = -1  # a reference solution injected as a rollout (HAPO)
 VERSION_ENV = -2  # an observation a tool or environment returned (episodes)
+VERSION_ROLLBACK = -3  # a corrected tool call sampled with the error in context (CLEANER)
 
 
 @flax.struct.dataclass

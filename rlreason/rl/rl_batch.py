@@ -238,14 +238,17 @@ def make_train_batch(run, params, rollout: Rollout, *, value_params=None):
   return batch, stats
 
 
-def tag_versions(rollout: Rollout, *, version: int, prefix_version: int | None = None) -> Rollout:
+def tag_versions(rollout: Rollout, *, version: int, prefix_version=None) -> Rollout:
   """The rollout with its provenance: sampled tokens `version`, prefix tokens (an older
-  snapshot's) `prefix_version`, episode observations VERSION_ENV (structs.py); negative marks
-  the collector set already (a rollback's corrected calls, rollout/rollback.py) are kept."""
+  snapshot's) `prefix_version` (one for all rows, or each row's: int N, rl/soup.py), episode
+  observations VERSION_ENV (structs.py); negative marks the collector set already (a
+  rollback's corrected calls, rollout/rollback.py) are kept."""
   version_NxL = jnp.full(rollout.tokens_NxL.shape, version, jnp.int32)
   if rollout.version_NxL is not None:
     version_NxL = jnp.where(rollout.version_NxL < 0, rollout.version_NxL, version_NxL)
   if prefix_version is not None:
+    prefix_version = jnp.asarray(prefix_version, jnp.int32)
+    prefix_version = prefix_version[:, None] if prefix_version.ndim else prefix_version
     version_NxL = jnp.where(rollout.prefix_mask_NxL, prefix_version, version_NxL)
   if rollout.loss_mask_NxL is not None:
     version_NxL = jnp.where(rollout.mask_NxL & ~rollout.loss_mask_NxL, VERSION_ENV, version_NxL)
@@ -265,7 +268,7 @@ def provenance_metrics(batch: TrainBatch, *, learner_version: int,
   count = jnp.maximum(real.sum(), 1)
   metrics['provenance/teacher_token_frac'] = (real & (v == -1)).sum() / count
   metrics['provenance/policy_token_frac'] = (real & (v >= 0)).sum() / count
-  # CLEANER's corrected calls (VERSION_ROLLBACK = -3, rollout/rollback.py): their share, and how
+  # CLEANER's corrected calls (structs.VERSION_ROLLBACK = -3): their share, and how
   # far the behaviour log-probs (error in context) are from π_old on the purified sequence.
   rolled = real & (v == -3)
   metrics['provenance/rollback_token_frac'] = rolled.sum() / count

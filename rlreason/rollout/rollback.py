@@ -57,10 +57,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlreason.model import transformer
+from rlreason.structs import VERSION_ROLLBACK  # a corrected call's tokens' provenance mark
 
-# Provenance mark of a corrected call's tokens in Rollout.version_NxL, beside structs.VERSION_*
-# (teacher -1, environment -2): sampled by the policy, but in a context that was then rewritten.
-VERSION_ROLLBACK = -3
 # The reference code's texts (RollbackManager.format_error_feedback, _handle_max_retry_exceeded).
 FEEDBACK = ('The previous tool call(s) failed with the following error(s):\n{errors}\n'
             'Please correct the error and generate a new tool call.')

@@ -1,0 +1,90 @@
+"""Sums of independent digit groups: a task whose sub-problems can run as parallel threads.
+
+Formats (difficulty = digits per group, here 4; `groups` = 3 groups labelled a, b, c):
+
+  prompt      'a:3141 b:5926 c:5358='
+  solution    'a:3489 b:5473 c:5831 +951 #### 1'   (sequential: one thread)
+  answer      '1'
+
+Group k's line is the running sum mod 10 of its digits (3, 3+1=4, 4+4=8, 8+1=9): its last digit
+v_k is the group's value. After '+' come the running sums mod 10 of v_a, v_b, ... and the
+answer is the last of them, (Σ_k Σ digits) mod 10, read by the `arithmetic` verifier after
+' #### '.
+
+The threaded solution (rollout/fork_join.py's spawn format, `THREAD_MARKERS`) solves each group
+in its own worker:
+  parent      '<a,b,c>'                          spawn block: one header per group
+  worker a    'a:' (given) then '3489'            the group's running sums, then EOS
+  join        '[3489,5473,5831]'                 the workers' outputs, prefilled
+  parent      '+951 #### 1'                      as the sequential solution ends
+`threaded_solution` returns these pieces; `threaded_text` the parent's whole text.
+
+Every sub-problem needs the same work in both formats; the threaded parent writes the short
+spawn block instead of the groups' lines, so its critical path is about spawn + one group + the
+ending, against all groups + the ending sequentially.
+
+Not here: tokenization (a character vocabulary from `CHARS`), the sampler (rollout/fork_join.py).
+"""
+
+import string
+
+from rlreason.tasks import example as example_lib
+
+NAME = 'parallel_sums'
+DEFAULT_DIFFICULTY = 4
+DEFAULT_GROUPS = 3
+MAX_GROUPS = 8
+CHARS = 'abcdefgh:0123456789 =+#<>,[]'
+# spawn, sep, end, worker_open, join_open, join_sep, join_close (fork_join.SpawnFormat).
+THREAD_MARKERS = dict(spawn='<', sep=',', end='>', worker_open=':', join_open='[',
+                      join_sep=',', join_close=']')
+
+
+def _running(digits) -> str:
+  out, s = [], 0
+  for d in digits:
+    s = (s + d) % 10
+    out.append(str(s))
+  return ''.join(out)
+
+
+def generate(seed: int, index: int, *, difficulty: int = DEFAULT_DIFFICULTY,
+             groups: int = DEFAULT_GROUPS) -> example_lib.Example:
+  """The (seed, index)-th problem: `groups` groups of `difficulty` random digits."""
+  if not 1 <= groups <= MAX_GROUPS or difficulty < 1:
+    raise ValueError(f'parallel_sums: groups={groups} must be in [1, {MAX_GROUPS}] and '
+                     f'difficulty={difficulty} >= 1.')
+  rng = example_lib.example_rng(NAME, seed, index, difficulty * 16 + groups)
+  digits = rng.integers(0, 10, size=(groups, difficulty)).tolist()
+  labels = string.ascii_lowercase[:groups]
+  prompt = ' '.join(f'{l}:{"".join(map(str, d))}' for l, d in zip(labels, digits)) + '='
+  lines = [_running(d) for d in digits]
+  values = [int(line[-1]) for line in lines]
+  ending = f'+{_running(values)}{example_lib.ANSWER_MARKER}{sum(values) % 10}'
+  solution = ' '.join(f'{l}:{line}' for l, line in zip(labels, lines)) + ' ' + ending
+  return example_lib.Example(
+      id=example_lib.example_id(NAME, seed, index, difficulty), prompt=prompt,
+      answer=str(sum(values) % 10), solution=solution, task=NAME, difficulty=difficulty,
+      meta={'groups': digits})
+
+
+def problem_key(example: example_lib.Example) -> str:
+  return example.prompt
+
+
+def threaded_solution(example: example_lib.Example) -> tuple[str, list[tuple[str, str]], str]:
+  """(spawn block, [(worker header, worker output)], ending) of the threaded teacher."""
+  m = THREAD_MARKERS
+  labels = string.ascii_lowercase[:len(example.meta['groups'])]
+  spawn = m['spawn'] + m['sep'].join(labels) + m['end']
+  workers = [(l, _running(d)) for l, d in zip(labels, example.meta['groups'])]
+  ending = example.solution.split(' ')[-3:]  # '+951', '####', '1'
+  return spawn, workers, ' '.join(ending)
+
+
+def threaded_text(example: example_lib.Example) -> str:
+  """The threaded parent's whole text: spawn block, join block, ending."""
+  m = THREAD_MARKERS
+  spawn, workers, ending = threaded_solution(example)
+  join = m['join_open'] + m['join_sep'].join(out for _, out in workers) + m['join_close']
+  return spawn + join + ending

@@ -42,18 +42,37 @@ alike, so GRPO had no gradient for them.
 
 from rlreason import config as config_lib
 
+# The character-level model of the tool demos and studies (experiments/slate.py, kbqa_r1.py,
+# dynamics/cleaner_rollback.py, dynamics/dart_conflict.py build on tool_config), and the
+# smaller one of their seconds-long settings.
+MODEL = dict(vocab_size=0, hidden_size=64, intermediate_size=192, num_layers=2, num_heads=4,
+             num_kv_heads=4, head_dim=16, qkv_bias=False, qk_norm=False, tie_embeddings=False,
+             family='qwen2', rope_theta=10_000.0)
+SMALL_MODEL = dict(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                   num_kv_heads=1, head_dim=16)
+
+
+def tool_config(task: str, *, difficulty: int, prompt_buckets: tuple[int, ...], seed: int = 0):
+  """A tool task on the character model: prompt + newline, GRPO with PPO-clip and token-mean
+  aggregation at T = 1, two verifier workers, all local devices on fsdp."""
+  c = config_lib.default()
+  c.seed = seed
+  c.data.update(task=task, difficulty=difficulty, prompt_template='{prompt}\n',
+                prompt_buckets=prompt_buckets)
+  c.model.arch = dict(MODEL)
+  c.tokenizer.kind = 'chars'
+  c.rl.temperature = 1.0
+  c.objective.update(advantage='grpo', policy_loss='ppo_clip', aggregation='token_mean')
+  c.verifier.workers = 2  # The 2-core machine these were measured on.
+  c.mesh = dict(data=1, fsdp=-1, tensor=1)  # All local devices (1 on a plain CPU).
+  c.log_every = 5
+  return c
+
 
 def get_config(arg: str = ''):
-  c = config_lib.default()
-  c.seed = int(arg) if arg not in ('', 'runlocal') else 0
-  c.data.task = 'calc_multiply'
-  c.data.difficulty = 4
-  c.data.prompt_template = '{prompt}\n'
-  c.data.prompt_buckets = (41,)  # 'What is 1234 * 5678? Use the calculator.\n'
-  c.model.arch = dict(vocab_size=0, hidden_size=64, intermediate_size=192, num_layers=2,
-                      num_heads=4, num_kv_heads=4, head_dim=16, qkv_bias=False, qk_norm=False,
-                      tie_embeddings=False, family='qwen2', rope_theta=10_000.0)
-  c.tokenizer.kind = 'chars'
+  # 'What is 1234 * 5678? Use the calculator.\n'
+  c = tool_config('calc_multiply', difficulty=4, prompt_buckets=(41,),
+                  seed=int(arg) if arg not in ('', 'runlocal') else 0)
   # An episode: '<call>calculator: {"expression": "1234 * 5678"}</call>' (54 tokens), the
   # observation '<result>7006652</result>' (24-25), '#### ' + the answer right-aligned to 8
   # characters + EOS (14): 93 at most.
@@ -72,18 +91,11 @@ def get_config(arg: str = ''):
   c.rl.steps = 40
   c.rl.prompts_per_step = 16
   c.rl.group_size = 8
-  c.rl.temperature = 1.0
-  c.objective.advantage = 'grpo'
-  c.objective.policy_loss = 'ppo_clip'
-  c.objective.aggregation = 'token_mean'
   c.optimizer.lr = 5e-4
   c.optimizer.grad_clip = 1.0
-  c.verifier.workers = 2  # The 2-core machine this was measured on.
   c.eval.every = 10
   c.eval.num_prompts = 500
   c.checkpoint.every = 20
-  c.mesh = dict(data=1, fsdp=-1, tensor=1)  # All local devices (1 on a plain CPU).
-  c.log_every = 5
   if arg == 'runlocal':
     shrink_for_runlocal(c)
   return c
@@ -93,8 +105,7 @@ def shrink_for_runlocal(c) -> None:
   """Seconds-long settings for smoke tests: a smaller model, 2-digit operands, 2 RL steps."""
   c.data.difficulty = 2
   c.data.prompt_buckets = (37,)
-  c.model.arch.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
-                      num_kv_heads=1, head_dim=16)
+  c.model.arch.update(SMALL_MODEL)
   c.env.update(max_turn_tokens=52, transcripts=2)
   c.rl.max_new_tokens = 132
   c.sft.steps, c.sft.batch_size = 2, 8

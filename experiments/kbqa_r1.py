@@ -28,7 +28,7 @@ too short for a from-scratch character model to learn to copy entity names, and 
 phase was not reached. Treat these settings as a working starting point, not a tuned recipe.
 """
 
-from rlreason import config as config_lib
+from experiments import demo_tools
 from rlreason.config_checks import SFT_FILTERS
 
 
@@ -39,16 +39,8 @@ def get_config(arg: str = ''):
   if name not in SFT_FILTERS:
     raise ValueError(f'experiments/kbqa_r1.py: arg {arg!r}; use one of {list(SFT_FILTERS)}, '
                      'optionally ",<seed>", or "runlocal"')
-  c = config_lib.default()
-  c.seed = int(seed or 0)
-  c.data.task = 'kb_qa'
-  c.data.difficulty = 1
-  c.data.prompt_template = '{prompt}\n'
-  c.data.prompt_buckets = (88,)  # the longest kb_qa prompt is 86 characters, + '\n'
-  c.model.arch = dict(vocab_size=0, hidden_size=64, intermediate_size=192, num_layers=2,
-                      num_heads=4, num_kv_heads=4, head_dim=16, qkv_bias=False, qk_norm=False,
-                      tie_embeddings=False, family='qwen2', rope_theta=10_000.0)
-  c.tokenizer.kind = 'chars'
+  # The longest kb_qa prompt is 86 characters, + '\n'.
+  c = demo_tools.tool_config('kb_qa', difficulty=1, prompt_buckets=(88,), seed=int(seed or 0))
   # A call turn is at most 104 characters at difficulty 1, an observation 57, a whole gold
   # episode 398 (measured over 2000 problems).
   c.env.update(enabled=True, tools=('kb',), family='tags', verifier='exact', max_turns=4,
@@ -62,18 +54,11 @@ def get_config(arg: str = ''):
   c.rl.steps = 30
   c.rl.prompts_per_step = 16
   c.rl.group_size = 8
-  c.rl.temperature = 1.0
-  c.objective.advantage = 'grpo'
-  c.objective.policy_loss = 'ppo_clip'
-  c.objective.aggregation = 'token_mean'
   c.optimizer.lr = 5e-4
   c.optimizer.grad_clip = 1.0
-  c.verifier.workers = 2
   c.eval.every = 10
   c.eval.num_prompts = 200
   c.checkpoint.every = 0
-  c.mesh = dict(data=1, fsdp=-1, tensor=1)
-  c.log_every = 5
   if runlocal:
     shrink_for_runlocal(c)
   return c
@@ -81,8 +66,7 @@ def get_config(arg: str = ''):
 
 def shrink_for_runlocal(c) -> None:
   """Seconds-long settings: a 1-layer d=32 model, 2 SFT steps, 2 RL steps of 2 x 4 episodes."""
-  c.model.arch.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
-                      num_kv_heads=1, head_dim=16)
+  c.model.arch.update(demo_tools.SMALL_MODEL)
   c.env.update(max_turns=3, max_turn_tokens=32, max_observation_tokens=16, transcripts=2)
   c.rl.max_new_tokens = 96
   c.sft.steps, c.sft.batch_size = 2, 4

@@ -24,20 +24,12 @@ is checked. `:runlocal` is the seconds-long smoke setting tests/train_test.py ru
 2 steps, tiny model).
 """
 
-from rlreason import config as config_lib
+from experiments import demo_tools
 
 
 def get_config(arg: str = ''):
-  c = config_lib.default()
-  c.seed = 0
-  c.data.task = 'search_qa'
-  c.data.difficulty = 1
-  c.data.prompt_template = '{prompt}\n'
-  c.data.prompt_buckets = (128,)  # The longest search_qa prompt is 115 characters.
-  c.model.arch = dict(vocab_size=0, hidden_size=64, intermediate_size=192, num_layers=2,
-                      num_heads=4, num_kv_heads=4, head_dim=16, qkv_bias=False, qk_norm=False,
-                      tie_embeddings=False, family='qwen2', rope_theta=10_000.0)
-  c.tokenizer.kind = 'chars'
+  # The longest search_qa prompt is 115 characters.
+  c = demo_tools.tool_config('search_qa', difficulty=1, prompt_buckets=(128,))
   c.env.update(enabled=True, tools=('search',), family='tags', verifier='exact',
                max_turns=4, max_turn_tokens=64, max_observation_tokens=160, transcripts=8,
                workers=2)
@@ -47,22 +39,17 @@ def get_config(arg: str = ''):
   c.rl.group_size = c.slate.k * c.env.max_turns
   c.rl.prompts_per_step = 8
   c.rl.steps = 200
-  c.rl.temperature = 1.0
   c.objective.advantage = 'slate'  # A over each step's k rows, eps 1e-6 (rollout/slate.py).
   c.objective.policy_loss = 'ppo_clip'
   c.objective.aggregation = 'seq_mean_token_mean'
   c.objective.kl_coef = 0.001
   c.objective.kl_estimator = 'k3'
   c.optimizer.lr = 3e-4
-  c.verifier.workers = 2
   c.eval.every = 50
   c.eval.num_prompts = 100
-  c.mesh = dict(data=1, fsdp=-1, tensor=1)
-  c.log_every = 5
   if arg == 'runlocal':
     c.data.difficulty = 0
-    c.model.arch.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
-                        num_kv_heads=1, head_dim=16)
+    c.model.arch.update(demo_tools.SMALL_MODEL)
     c.env.update(max_turns=2, max_turn_tokens=16, max_observation_tokens=48, transcripts=2)
     c.rl.max_new_tokens = 2 * 16 + 48
     c.slate.k = 2

@@ -85,12 +85,13 @@ def write_notebook(module: types.ModuleType, *, path: pathlib.Path, steps: list[
 
 
 def run_study(module_name: str, *, notebook: str, helpers: tuple[str, ...] = (),
-              dpi: int = 60) -> None:
+              before: tuple[str, ...] = (), dpi: int = 60) -> None:
   """A study's command line: the full run (saves its figure), `--smoke`, `--write_notebook`.
 
   `notebook` names both colab/<notebook>.ipynb and colab/figures/<notebook>.png; `helpers`
   are the module's other functions that `figure` and `summary` call, which the notebook
-  needs as cells of their own.
+  needs as cells of their own; `before` those that `simulate` calls (e.g. make_config), whose
+  cells come first.
   """
   module = sys.modules[module_name]
   parser = argparse.ArgumentParser(description=module.__doc__.split('\n')[0])
@@ -99,7 +100,7 @@ def run_study(module_name: str, *, notebook: str, helpers: tuple[str, ...] = (),
   args = parser.parse_args()
   if args.write_notebook:
     write_notebook(module, path=REPO / 'colab' / f'{notebook}.ipynb', steps=[
-        'simulate', 'results = simulate(SMOKE)', *helpers, 'figure', 'summary',
+        *before, 'simulate', 'results = simulate(SMOKE)', *helpers, 'figure', 'summary',
         'fig = figure(results)\nprint(summary(results))'])
     return
   results = module.simulate(args.smoke)

@@ -209,12 +209,7 @@ def main():
     print(summary(results))
     figure(results).savefig(studies.FIGURES / f'{NOTEBOOK.stem}.png', dpi=60)
     return
-  if '--write_notebook' in sys.argv:  # simulate needs its helpers defined first.
-    studies.write_notebook(sys.modules[__name__], path=NOTEBOOK, steps=[
-        'make_config', 'arm_curves', 'simulate', 'results = simulate(SMOKE)', 'figure',
-        'summary', 'fig = figure(results)\nprint(summary(results))'])
-    return
-  studies.run_study(__name__, notebook=NOTEBOOK.stem)
+  studies.run_study(__name__, notebook=NOTEBOOK.stem, before=('make_config', 'arm_curves'))
 
 
 if __name__ == '__main__':

@@ -49,7 +49,6 @@ and 3 seeds of a 12-step toy cannot separate it from disentanglement. Tool-call 
 """
 
 import os
-import sys
 import tempfile
 
 import matplotlib.pyplot as plt
@@ -195,12 +194,7 @@ def summary(results: dict) -> str:
 
 
 def main():
-  if '--write_notebook' in sys.argv:  # simulate needs its helpers defined first.
-    studies.write_notebook(sys.modules[__name__], path=NOTEBOOK, steps=[
-        'make_config', 'arm_curves', 'simulate', 'results = simulate(SMOKE)', 'figure',
-        'summary', 'fig = figure(results)\nprint(summary(results))'])
-    return
-  studies.run_study(__name__, notebook=NOTEBOOK.stem)
+  studies.run_study(__name__, notebook=NOTEBOOK.stem, before=('make_config', 'arm_curves'))
 
 
 if __name__ == '__main__':

@@ -49,7 +49,6 @@ Result: (2026-12-02; the full setting was NOT run, see the last point)
   (the calculator demo needed 800 for one copy).
 """
 
-import sys
 import tempfile
 
 import jax
@@ -188,13 +187,7 @@ def summary(results: dict) -> str:
 
 
 def main():
-  if '--write_notebook' in sys.argv:  # simulate's helpers come before it in the notebook.
-    studies.write_notebook(sys.modules[__name__], path=studies.REPO / 'colab' / f'{NOTEBOOK}.ipynb',
-                           steps=['make_config', 'evaluate', 'simulate',
-                                  'results = simulate(SMOKE)', 'figure', 'summary',
-                                  'fig = figure(results)\nprint(summary(results))'])
-    return
-  studies.run_study(__name__, notebook=NOTEBOOK, dpi=60)
+  studies.run_study(__name__, notebook=NOTEBOOK, before=('make_config', 'evaluate'))
 
 
 if __name__ == '__main__':

@@ -140,8 +140,10 @@ def default() -> ml_collections.ConfigDict:
       teacher_behaviour='learner'))  # | 'one'
   # Prefixes of up to max_tokens tokens sampled by an older snapshot (the warm start, or the
   # policy every refresh_every steps) for the first rows_per_group rows of each group.
+  # SOUP / Thinking Seeds (rl/soup.py): the `keep` newest snapshots are kept, each prefixed
+  # row draws one by age, P(rank r) ∝ age_decay^r (rank 0 the newest; 1.0: uniform) [F].
   c.prefix_rollouts = ml_collections.ConfigDict(dict(
-      enabled=False, max_tokens=8, rows_per_group=1, refresh_every=0))
+      enabled=False, max_tokens=8, rows_per_group=1, refresh_every=0, keep=1, age_decay=1.0))
 
   # Supervised warm start on reference (or a configured teacher's) solutions before RL.
   # For fine-tuning a pretrained 0.5B-7B model, as verl's SFT trainer defaults: lr 1e-5 (was

@@ -214,6 +214,10 @@ def _check_mixed_policy(c, check) -> None:
     check(0 <= p.rows_per_group <= c.rl.group_size,
           f'prefix_rollouts.rows_per_group={p.rows_per_group} must be in [0, rl.group_size].')
     check(p.refresh_every >= 0, f'prefix_rollouts.refresh_every={p.refresh_every} must be >= 0.')
+    check(p.keep >= 1, f'prefix_rollouts.keep={p.keep} must be >= 1.')
+    check(p.keep == 1 or p.refresh_every, f'prefix_rollouts.keep={p.keep} keeps older '
+          'snapshots, but refresh_every=0 never takes one after the warm start.')
+    check(p.age_decay > 0, f'prefix_rollouts.age_decay={p.age_decay} must be > 0.')
     loss = losses.POLICY_LOSSES.get(c.objective.policy_loss)
     check(loss is None or 'prefix_mask_NxL' in inspect.signature(loss).parameters,
           f'prefix_rollouts.enabled needs a policy loss that treats prefix tokens apart; '

@@ -2,7 +2,6 @@
 
   rollout, rewards_BxG, metrics = hapo_inject(run, rollout, rewards_BxG, examples, step=...)
   prefixes = old_policy_prefixes(run, prompts, key=...)   # then sampler.generate(prefixes=)
-  refresh_prefix_policy(run, params, step)                # every prefix_rollouts.refresh_every
 
 HAPO (arXiv 2603.11321, algorithms.md §12): where the Beta-Binomial gate opens for a prompt
 (v1's default: posterior mean (1 + S)/(N + 2) < γ = 0.8, so mixed groups too), the group's
@@ -19,21 +18,17 @@ parameter snapshot (the warm start, or the policy every k steps) samples up to Q
 first `rows_per_group` rows of each group keep a uniformly drawn 1..Q' of them (Q' excludes
 the stop token) as a prefix, with the old policy's behaviour log-probs, and the current policy
 continues. Completions are then Q + max_new_tokens long. Provenance: our formalisation.
+The keep-k buffer of snapshots, its refresh and its restore on resume: rl/soup.py.
 
 Deliberately not here: the loss-side treatment (losses.prefix_mixed_ppo), the gate's
 mathematics (advantage_transforms.hapo_*), sampling itself (sampler.generate).
 """
 
-import logging
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlreason.model import sharding
 from rlreason.objectives import advantage_transforms
-from rlreason.rl import checkpoint
 from rlreason.rl import rl_batch
 from rlreason.rollout import sampler
 from rlreason.structs import VERSION_TEACHER, Prefixes, Rollout
@@ -180,40 +175,6 @@ def old_policy_prefixes(run, prompts, *, key) -> Prefixes:
   return cut_prefixes(old, key=cut_key, rows_per_group=p.rows_per_group, pad_id=run.pad_id)
 
 
-def _checkpointer(workdir) -> checkpoint.Checkpointer:
-  return checkpoint.Checkpointer(pathlib.Path(workdir) / 'prefix_policy', keep=2)
-
-
 def snapshot_step(step: int, refresh_every: int) -> int:
   """The step whose parameters sample the prefixes after `step` updates (0: the warm start)."""
   return step // refresh_every * refresh_every if refresh_every else 0
-
-
-def refresh_prefix_policy(run, params, step: int) -> None:
-  """After step `step`'s update: a new snapshot when refresh_every divides it (saved, so a
-  resumed run samples prefixes from the same parameters)."""
-  every = run.config.prefix_rollouts.refresh_every
-  if not (run.config.prefix_rollouts.enabled and every and step % every == 0):
-    return
-  run.prefix_params = sharding.reshard(jax.tree.map(jnp.copy, params), run.sample_shardings)
-  ckpt = _checkpointer(run.workdir)
-  ckpt.save(step, {'params': params}, force=True)
-  ckpt.wait()
-  ckpt.close()
-
-
-def restore_prefix_policy(run, abstract_params, step: int, warm_start_params):
-  """The snapshot a run resumed after `step` updates samples prefixes from."""
-  want = snapshot_step(step, run.config.prefix_rollouts.refresh_every)
-  params = warm_start_params
-  if want:
-    ckpt = _checkpointer(run.workdir)
-    found = [s for s in ckpt.steps() if s <= want]
-    if not found or found[-1] != want:
-      logging.warning('prefix_rollouts: no snapshot of step %d in %s (have %s); using %s.',
-                      want, ckpt.latest.directory, ckpt.steps(),
-                      f'step {found[-1]}' if found else 'the warm start')
-    if found:
-      params = ckpt.restore({'params': abstract_params}, step=found[-1])[1]['params']
-    ckpt.close()
-  return None if params is None else sharding.reshard(params, run.sample_shardings)

@@ -30,9 +30,9 @@ from rlreason.model import transformer
 from rlreason.model import weights
 from rlreason.rl import adapters
 from rlreason.rl import checkpoint
-from rlreason.rl import mixed_policy
 from rlreason.rl import prompt_schedule
 from rlreason.rl import r2po
+from rlreason.rl import soup
 from rlreason.rl import update
 from rlreason.rollout import judge as judge_lib
 from rlreason.rollout import sampler
@@ -68,7 +68,9 @@ class Run:
   sample_mesh: Any = None  # Where the sampler runs (config.sample_mesh); the mesh by default.
   judge: Any = None  # With config.judge.enabled: a judge.Judge and the RewardComposition
   reward_mix: Any = None  # of its reward with the verifier's.
-  prefix_params: Any = None  # With prefix_rollouts.enabled: the older snapshot (mixed_policy).
+  prefix_params: Any = None  # With prefix_rollouts.enabled: the newest older snapshot,
+  prefix_step: int = 0  # its step, and the older ones kept, [(step, params)] newest
+  prefix_history: Any = None  # first (prefix_rollouts.keep > 1: rl/soup.py).
   values: Callable | None = None  # With critic.enabled: jitted update.values_step,
   init_value_params: Any = None  # the fresh value head
   value_optimizer: Any = None  # and its optimizer (critic.lr).
@@ -119,8 +121,7 @@ class Run:
     if self.config.objective.kl_coef:
       self.ref_params = self._ref_from_checkpoint(abstract)
     if self.config.prefix_rollouts.enabled:
-      self.prefix_params = mixed_policy.restore_prefix_policy(
-          self, abstract.params, step, self._ref_from_checkpoint(abstract))
+      soup.restore_buffer(self, abstract.params, step, self._ref_from_checkpoint(abstract))
     return state, step
 
   def init_state(self, params):

@@ -30,6 +30,7 @@ from rlreason.rl import checkpoint
 from rlreason.rl import metrics as metrics_lib
 from rlreason.rl import mixed_policy
 from rlreason.rl import slate_steps
+from rlreason.rl import soup
 from rlreason.rollout import episodes as episodes_lib
 from rlreason.rollout import rollback as rollback_lib
 from rlreason.rollout import sampler
@@ -60,9 +61,10 @@ def sample_and_verify(run: Run, params, examples, rng, *, step: int, progress: f
     return sample_episodes(run, params, examples, rng, step=step, times=times)
   rl, prompts = run.config.rl, encode_prompts(run, examples)
   with phase(times, 'generate'):
-    prefixes = None
-    if run.prefix_params is not None:
-      prefixes = mixed_policy.old_policy_prefixes(run, prompts, key=mixed_policy.prefix_key(rng))
+    prefixes = prefix_version = None
+    if run.prefix_params is not None:  # From the keep-k buffer of snapshots (rl/soup.py).
+      prefixes, prefix_version = soup.buffer_prefixes(run, prompts,
+                                                      key=mixed_policy.prefix_key(rng))
     if run.sample_mesh is not run.mesh:  # The key too must live on the sampling mesh.
       rng = multihost.replicate_key(rng, run.sample_mesh)
     with jax.set_mesh(run.sample_mesh):  # The training mesh unless sample_mesh.kind='host'.
@@ -75,8 +77,6 @@ def sample_and_verify(run: Run, params, examples, rng, *, step: int, progress: f
     if run.sample_mesh is not run.mesh:  # Rows back to the learner's layout.
       rollout = jax.device_put(rollout, jax.tree.map(
           lambda x: sharding.data_sharding(run.mesh, x.shape), rollout))
-    prefix_version = None if prefixes is None else mixed_policy.snapshot_step(
-        step - 1, run.config.prefix_rollouts.refresh_every)
     rollout = tag_versions(rollout, version=step - 1, prefix_version=prefix_version)
   with phase(times, 'verify'):
     scores, _ = score(run, rollout, examples, progress=progress, params=params)
@@ -212,7 +212,7 @@ def rl_step(run: Run, state, step: int, times: dict[str, float]):
         state, step_metrics = stage.train_step(state, jax.tree.map(lambda x: x[rows], batch))
     state = jax.block_until_ready(state)  # So time/update_s is the update's, not its dispatch.
   times['tokens/update'] = rl.epochs * batch.mask_NxT.sum()
-  mixed_policy.refresh_prefix_policy(run, state.params, step)
+  soup.refresh(run, state.params, step)
   metrics.update(step_metrics)
   metrics.update(provenance_metrics(batch, learner_version=step - 1))
   metrics.update(sampler.metrics(rollout))

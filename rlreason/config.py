@@ -175,6 +175,9 @@ def default() -> ml_collections.ConfigDict:
   # 'typed' prompts every turn with the typed evidence state alone, a row per turn (its prompt
   # bucket: max(data.prompt_buckets)), 'raw' appends each answer to the conversation.
   c.env.update(kind='tools', state='raw', options={})
+  # Prolog-as-a-Tool (envs/prolog_protocols.py): kind 'prolog' runs each turn's <answer>
+  # program; options: protocol 'single' | 'multi_try' | 'agentic', tries (env.max_turns >=
+  # tries), reward 'correctness' | 'structure' (the final program's §20 terms).
   # CLEANER's rollback while collecting training episodes (rollout/rollback.py): a call failing
   # with one of its tool's error classes (error_classes: tool -> class names; a tool left out
   # keeps its declared default) is regenerated after a masked feedback turn and replaces the

@@ -1,5 +1,5 @@
-"""Start-up checks of environment episodes: tools, MIND's typed state, SLATE's step rows
-(rlreason.config_checks.validate calls them).
+"""Start-up checks of environment episodes: tools, MIND's typed state, Prolog's protocols,
+SLATE's step rows (rlreason.config_checks.validate calls them).
 """
 
 
@@ -9,6 +9,8 @@ def check_env(c, check) -> None:
   from rlreason.envs import registry as tool_registry
   from rlreason.verifiers import registry
   e, rl = c.env, c.rl
+  if e.get('kind', 'tools') == 'prolog':
+    return check_prolog(c, check)
   if e.get('kind', 'tools') != 'tools' or e.get('state', 'raw') != 'raw':
     return check_mind(c, check)  # MIND's patient and typed state: no tools.
   check(bool(e.tools), 'env.tools is empty; name the tools an episode offers, e.g. '
@@ -88,6 +90,37 @@ def check_mind(c, check) -> None:
         "env.state='typed' a group's rows are G episodes x env.max_turns turns.")
   check(not rl.dynamic_sampling, "rl.dynamic_sampling selects groups of rl.group_size rows; "
                                  "env.state='typed' has G x env.max_turns rows per prompt.")
+
+
+def check_prolog(c, check) -> None:
+  """Prolog-as-a-Tool's protocols (envs/prolog_protocols.py)."""
+  from rlreason.envs import prolog_protocols as pp
+  e, rl = c.env, c.rl
+  options = dict(e.options)
+  unknown = sorted(set(options) - set(pp.OPTIONS))
+  check(not unknown, f"env.options {unknown} unknown for env.kind='prolog'; known: {pp.OPTIONS}.")
+  protocol, tries = options.get('protocol', 'single'), options.get('tries', 1)
+  check(protocol in pp.PROTOCOLS, f'env.options.protocol={protocol!r}; known: {pp.PROTOCOLS}.')
+  check(isinstance(tries, int) and tries >= 1 and (protocol != 'single' or tries == 1),
+        f"env.options.tries={tries!r} must be an integer >= 1, and 1 with protocol='single'.")
+  check(options.get('reward', 'correctness') in pp.REWARDS,
+        f"env.options.reward={options.get('reward')!r}; known: {sorted(pp.REWARDS)}.")
+  check(isinstance(tries, int) and e.max_turns >= tries,
+        f'env.max_turns={e.max_turns} must be >= env.options.tries={tries!r} (a turn per try).')
+  check(e.get('state', 'raw') == 'raw', f"env.state={e.get('state')!r}: env.kind='prolog' "
+                                       "episodes keep the raw conversation.")
+  check(e.family == 'tags', f"env.family={e.family!r}: env.kind='prolog' writes the 'tags' "
+                            'text format only.')
+  check(1 <= e.max_turn_tokens <= rl.max_new_tokens,
+        f'env.max_turn_tokens={e.max_turn_tokens} must be in [1, rl.max_new_tokens='
+        f'{rl.max_new_tokens}].')
+  check(tries == 1 or e.max_observation_tokens >= 1,
+        f'env.max_observation_tokens={e.max_observation_tokens} must be >= 1 with tries > 1.')
+  slate = c.get('slate') is not None and c.slate.enabled
+  for section, on in (('hapo', c.hapo.enabled), ('prefix_rollouts', c.prefix_rollouts.enabled),
+                      ('judge', c.judge.enabled), ('overlong', c.overlong.enabled),
+                      ('env.rollback', e.rollback.enabled), ('slate', slate)):
+    check(not on, f"{section}.enabled does not apply to env.kind='prolog' episodes.")
 
 
 def check_slate(c, check) -> None:

@@ -38,6 +38,7 @@ import string
 
 from rlreason.envs import base
 from rlreason.envs import patient  # noqa: F401 (registers MIND's patient_dx task)
+from rlreason.envs import prolog_tasks  # noqa: F401 (registers prolog_arith)
 from rlreason.envs import registry
 from rlreason import tasks as tasks_lib
 from rlreason.envs import timeseries

@@ -353,6 +353,9 @@ def make_environment(config, tok, examples=()):
   if e.get('kind', 'tools') == 'patient':  # MIND's simulated patient (envs/patient.py).
     from rlreason.envs import patient
     return patient.make_environment(config)
+  if e.get('kind', 'tools') == 'prolog':  # Prolog-as-a-Tool's protocols (envs/prolog_protocols).
+    from rlreason.envs import prolog_protocols
+    return prolog_protocols.make_environment(config)
   env = environment_lib.ToolEnvironment(
       tools=tuple(e.tools), family=e.family, verifier=e.verifier, max_turns=e.max_turns,
       error_penalty=e.error_penalty, deadline_s=e.deadline_s)

@@ -198,7 +198,10 @@ def default() -> ml_collections.ConfigDict:
                                            judge='rule'))
 
   # num_prompts 500: MATH-500's size; a file's eval set is cut to it (GSM8K's test set has 1319).
-  c.eval = ml_collections.ConfigDict(dict(every=0, num_prompts=500, k=1, temperature=0.0))
+  # diversity: how the k samples per prompt differ (rl/diversity.py): 'iid', or a fixed
+  # schedule of 'skeleton' (structural completion prefixes), 'paraphrase' or 'comment' prompts.
+  c.eval = ml_collections.ConfigDict(dict(every=0, num_prompts=500, k=1, temperature=0.0,
+                                          diversity='iid'))
   c.checkpoint = ml_collections.ConfigDict(dict(every=0, keep=3))
   # The final policy as a Hugging Face directory (config.json + safetensors); '' skips it.
   # With lora.enabled the export is the merged model, and peft_path ('' skips) gets the adapter

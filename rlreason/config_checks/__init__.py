@@ -20,6 +20,10 @@ from rlreason.config_checks import objective
 HEAPA_MODES = ('medium', 'easy_medium')
 # sft.filter's values: rl/rejection_sampling.py's FILTERS (tests/kbqa_r1_test.py checks).
 SFT_FILTERS = ('unfiltered', 'answer', 'rrs')
+# eval.diversity's values and the tasks with skeleton/paraphrase lists: rl/diversity.py's
+# MODES and SKELETONS (tests/diversity_test.py checks).
+DIVERSITY_MODES = ('iid', 'skeleton', 'paraphrase', 'comment')
+DIVERSITY_TASKS = ('countdown',)
 
 
 def completion_length(config) -> int:
@@ -209,6 +213,14 @@ def _check_mixed_policy(c, check) -> None:
                               f"hapo.gate='confidence' (hapo.gate={h.gate!r}).")
     check(h.teacher_behaviour in ('learner', 'one'),
           f"hapo.teacher_behaviour={h.teacher_behaviour!r}; known: 'learner', 'one'.")
+  if c.eval.get('diversity', 'iid') != 'iid':
+    check(c.eval.diversity in DIVERSITY_MODES,
+          f'eval.diversity={c.eval.diversity!r}; known: {DIVERSITY_MODES}.')
+    check(c.eval.diversity == 'comment' or c.data.task in DIVERSITY_TASKS,
+          f'eval.diversity={c.eval.diversity!r} has no schedule for data.task={c.data.task!r} '
+          f'(tasks with one: {DIVERSITY_TASKS}).')
+    check(not c.env.enabled, f'eval.diversity={c.eval.diversity!r} samples plain completions; '
+          'env.enabled episodes are not supported.')
   if p.enabled:
     check(p.max_tokens >= 1, f'prefix_rollouts.max_tokens={p.max_tokens} must be >= 1.')
     check(0 <= p.rows_per_group <= c.rl.group_size,

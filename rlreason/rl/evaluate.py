@@ -15,7 +15,9 @@ configured verifier pool) and returns the metrics; `summarize` is the pure part.
 
 pass@k uses the unbiased estimator of Chen et al. 2021 (arXiv 2107.03374): with n samples
 of which c are correct, pass@k = 1 - C(n - c, k) / C(n, k), averaged over prompts. The
-majority vote is over each sample's final answer (`answer_key`).
+majority vote is over each sample's final answer (`answer_key`). `eval.diversity` (or the
+`diversity` argument) spreads the k samples over a schedule of structural hints, paraphrases
+or irrelevant comments instead of i.i.d. (rl/diversity.py).
 
 Deliberately not here: the verifiers themselves, the training loop.
 """
@@ -81,15 +83,21 @@ def answer_key(text: str) -> str | None:
   return key or None
 
 
-def sample_verdicts(run, params, *, k: int, temperature: float, rng, on_episodes=None):
+def sample_verdicts(run, params, *, k: int, temperature: float, rng, on_episodes=None,
+                    diversity: str | None = None):
   """k samples per held-out prompt, judged: (correct_BxK, answers_BxK or None, tokens).
 
   Chunks of run.eval_chunk prompts (the last one padded: one shape, one compilation), each
   sampled with the same key. Answers are None on more than one process (each host decodes
   only its rows), so majority vote is then left out. With run.env, each sample is an episode
   judged by the environment's verifier, and `on_episodes(episodes, examples)` sees the first
-  chunk's.
+  chunk's. `diversity` (default eval.diversity): 'iid', or rl/diversity.py's schedules.
   """
+  diversity = diversity or run.config.eval.get('diversity', 'iid')
+  if diversity != 'iid':
+    from rlreason.rl import diversity as diversity_lib
+    return diversity_lib.sample_verdicts(run, params, k=k, temperature=temperature, rng=rng,
+                                         mode=diversity, seed=run.config.seed)
   import jax
   from rlreason.rl.rl_batch import decode_completions, verify
   from rlreason.rl.run_setup import encode_prompts
@@ -134,11 +142,12 @@ def _episode_verdicts(run, params, examples, k, temperature, rng, on_episodes):
   return ok_BxK, keys, int(np.asarray(episodes.rollout.loss_mask_NxL)[:rows].sum())
 
 
-def evaluate(run, params, *, k: int, temperature: float, rng,
-             on_episodes=None) -> dict[str, float]:
+def evaluate(run, params, *, k: int, temperature: float, rng, on_episodes=None,
+             diversity: str | None = None) -> dict[str, float]:
   """pass@1, pass@k, mean@k, maj@k on run.eval_examples, and the tokens generated."""
   correct_BxK, answers_BxK, tokens = sample_verdicts(run, params, k=k, temperature=temperature,
-                                                     rng=rng, on_episodes=on_episodes)
+                                                     rng=rng, on_episodes=on_episodes,
+                                                     diversity=diversity)
   out = summarize(correct_BxK, answers_BxK=answers_BxK, ks=sorted({1, k}))
   out['generated_tokens'] = float(tokens)
   return out

@@ -107,6 +107,16 @@ def default() -> ml_collections.ConfigDict:
       path='', weight=1.0, verifier_weight=0.0, transform='sigmoid',
       train=dict(enabled=False, mode='pointwise', steps=300, batch_size=32, lr=3e-4,
                  problems=512, traces_per_problem=4, eval_problems=128)))
+  # rePIRL (rl/repirl.py; objectives/irl.py): instead of the RL loop, a PRM learned by inverse RL
+  # from expert traces only (expert_per_prompt answers of the `expert` teacher per prompt, a
+  # 'module:function' like sft.teacher; '' = the task's reference solutions), alternated with
+  # max-entropy policy steps on its dense token rewards (entropy weight alpha). Per step:
+  # prm_steps Adam steps (prm_lr) on the expert likelihood with log Z estimated by importance
+  # sampling from the policy's samples (pooled with the demos under their mixture proposal
+  # when pool_expert), + reward_l2 x mean r^2.
+  c.repirl = ml_collections.ConfigDict(dict(
+      enabled=False, expert='', expert_per_prompt=2, prm_steps=1, prm_lr=1e-4, alpha=1.0,
+      pool_expert=True, reward_l2=0.0))
 
   # DAPO's overlong shaping: a penalty for completions longer than L_max - cache_len (L_max:
   # the completion length, cache_len 0: L_max // 4) added to every reward. The `overlong`
@@ -127,6 +137,11 @@ def default() -> ml_collections.ConfigDict:
       split='lines', max_steps=16, aggregate='mean', score='greedy', labels=('-', '0', '+'),
       template='', response_prefix='', use_chat_template=True, chat_kwargs={},
       prompt_buckets=(256, 512, 1024, 2048), batch_size=32, empty_reward=0.0, dtype='float32'))
+  # SCRIBE (rollout/scribe.py): `rubrics` names a skill-prototype library (scribe.LIBRARIES:
+  # 'tools', 'clinmpo'); each step is routed to one prototype and judged with its rubric instead
+  # of `template`. A step no prototype claims is 'skip'ped (counted in scribe/unrouted, left out
+  # of the reward), judged with the generic template ('generic'), or an 'error'.
+  c.judge.update(rubrics='', unrouted='skip')
 
   # Mixed-policy rollouts (mixed_policy.py). HAPO: where the Beta-Binomial gate opens, the
   # lowest-reward rollout becomes the verified reference solution. gate: 'posterior_mean' (v1:

@@ -13,6 +13,7 @@ import ml_collections
 
 from rlreason.config_checks import adapters
 from rlreason.config_checks import agents
+from rlreason.config_checks import learned_rewards
 from rlreason.config_checks import objective
 
 
@@ -140,6 +141,10 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
     adapters.check_r2po(c, check)
   if c.get('reward_model') is not None:
     adapters.check_reward_model(c, check)
+  if c.get('repirl') is not None and c.repirl.enabled:
+    learned_rewards.check_repirl(c, check)
+  if c.judge.get('rubrics'):
+    learned_rewards.check_scribe(c, check)
   if errors:
     raise ValueError('invalid config:\n  ' + '\n  '.join(errors))
 

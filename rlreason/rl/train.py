@@ -225,6 +225,9 @@ def rl_step(run: Run, state, step: int, times: dict[str, float]):
 def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[str, float]]:
   """Runs (or resumes) the job in `workdir`: (final TrainState, last evaluation metrics)."""
   config_lib.validate(config, num_devices=jax.device_count())
+  if config.get('repirl') is not None and config.repirl.enabled:  # Its own loop: PRM + policy.
+    from rlreason.rl import repirl
+    return repirl.train(config, workdir)
   run = build(config, workdir)
   writer = metrics_lib.Writer(workdir, total_steps=config.rl.steps, every=config.log_every)
   preempt = checkpoint.PreemptionFlag()

@@ -59,6 +59,11 @@ def default() -> ml_collections.ConfigDict:
       # the step's prompts (rollout/continuous.py; per-row random streams).
       sampler='static', slots=0,
       dynamic_sampling=False, max_refill_rounds=2))
+  # partial_rollouts (rl/partial_rollouts.py, with sampler='continuous'): a step trains on the
+  # first prompts_per_step groups to finish; unfinished rows carry on under the next params,
+  # each token tagged with the version that sampled it. sample_memory_gb > 0: the continuous
+  # sampler's memory estimate must fit it at start-up (0: no check).
+  c.rl.update(partial_rollouts=False, sample_memory_gb=0.0)
 
   # correction: off-policy weights by π_prox/π_behaviour on the policy loss (objectives/
   # offpolicy.py): '' | 'tis_token' | 'tis_sequence' | 'mask_token' | 'mask_sequence' |

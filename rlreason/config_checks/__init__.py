@@ -16,6 +16,7 @@ from rlreason.config_checks import agents
 from rlreason.config_checks import learned_rewards
 from rlreason.config_checks import objective
 
+from rlreason.config_checks import partial_rollouts
 
 # HeaPA's boundary definitions (rl/prompt_schedule.py implements them).
 HEAPA_MODES = ('medium', 'easy_medium')
@@ -69,6 +70,7 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
   check(rl.prompts_per_step % rl.minibatches == 0,
         f'rl.prompts_per_step={rl.prompts_per_step} is not divisible by '
         f'rl.minibatches={rl.minibatches} (minibatches hold whole groups).')
+  partial_rollouts.check_partial_rollouts(c, check)
   per_minibatch = rl.prompts_per_step // max(rl.minibatches, 1)
   check(per_minibatch % rl.micro_batches == 0,
         f'{per_minibatch} prompts per minibatch do not split into '

@@ -238,14 +238,17 @@ def make_train_batch(run, params, rollout: Rollout, *, value_params=None):
   return batch, stats
 
 
-def tag_versions(rollout: Rollout, *, version: int, prefix_version=None) -> Rollout:
+def tag_versions(rollout: Rollout, *, version: int, prefix_version=None,
+                 per_token: bool = False) -> Rollout:
   """The rollout with its provenance: sampled tokens `version`, prefix tokens (an older
   snapshot's) `prefix_version` (one for all rows, or each row's: int N, rl/soup.py), episode
   observations VERSION_ENV (structs.py); negative marks the collector set already (a
-  rollback's corrected calls, rollout/rollback.py) are kept."""
+  rollback's corrected calls, rollout/rollback.py) are kept, and with per_token all its marks
+  (partial rollouts' sampling versions, rollout/partial.py)."""
   version_NxL = jnp.full(rollout.tokens_NxL.shape, version, jnp.int32)
   if rollout.version_NxL is not None:
-    version_NxL = jnp.where(rollout.version_NxL < 0, rollout.version_NxL, version_NxL)
+    keep = True if per_token else rollout.version_NxL < 0
+    version_NxL = jnp.where(keep, rollout.version_NxL, version_NxL)
   if prefix_version is not None:
     prefix_version = jnp.asarray(prefix_version, jnp.int32)
     prefix_version = prefix_version[:, None] if prefix_version.ndim else prefix_version

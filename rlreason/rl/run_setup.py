@@ -30,6 +30,7 @@ from rlreason.model import transformer
 from rlreason.model import weights
 from rlreason.rl import adapters
 from rlreason.rl import checkpoint
+from rlreason.rl import partial_rollouts
 from rlreason.rl import prompt_schedule
 from rlreason.rl import r2po
 from rlreason.rl import soup
@@ -80,6 +81,7 @@ class Run:
   adapter: Any = None  # With lora.enabled: the frozen base and its merge (rl/adapters.py).
   stages: Any = None  # With r2po.enabled: its two stages' update pieces (rl/r2po.py).
   reward_model: Any = None  # With reward_model.path: the loaded rl/reward_model.RewardModel.
+  partial: Any = None  # With rl.partial_rollouts: the carried pool (rl/partial_rollouts.py).
 
   def policy(self, trainable):
     """The model's params from the TrainState's (what evaluation, export and the reference
@@ -117,6 +119,8 @@ class Run:
     self.restored = True
     if data_state:
       self.data_iter.set_state(data_state)
+    if self.partial is not None:  # The rows in flight at that step, and their examples.
+      self.partial.restore(step)
     logging.info('resumed from step %d in %s', step, self.workdir)
     if self.config.objective.kl_coef:
       self.ref_params = self._ref_from_checkpoint(abstract)
@@ -150,6 +154,8 @@ class Run:
     kw = dict(data_state=self.data_iter.get_state(), config=saved_config, force=True)
     self.checkpointer.save(step, state, metrics=metrics, **kw)
     self.checkpointer.wait()
+    if self.partial is not None:
+      self.partial.save(step)
     if step == 0:  # Kept apart from keep-last-k: the reference policy and baselines start here.
       warm = warm_start_checkpointer(self.workdir)
       warm.save(0, state, **kw)
@@ -158,6 +164,8 @@ class Run:
 
   def close(self) -> None:
     self.checkpointer.close()
+    if self.partial is not None:
+      self.partial.close()
     self.pool.close()
 
 
@@ -242,6 +250,7 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
   if tok.vocab_size > cfg.vocab_size:
     raise ValueError(f'tokenizer has {tok.vocab_size} ids but the model only '
                      f'{cfg.vocab_size} (model.arch.vocab_size / the checkpoint).')
+  partial_rollouts.check_sample_memory(config, cfg)  # rl.sample_memory_gb against rl.slots.
   mesh = sharding.make_mesh(dict(config.mesh))
   sample_mesh = multihost.sample_mesh(mesh, **dict(config.get('sample_mesh', {'kind': 'train'})))
   others = ('prefix_rollouts', 'hapo', 'judge')
@@ -340,6 +349,9 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
     raise ValueError('hapo.enabled and prefix_rollouts.enabled are single-host for now.')
   if config.env.enabled:
     run.env, run.renderer = make_environment(config, tok, eval_examples[:8])
+  if config.rl.get('partial_rollouts'):
+    run.partial = partial_rollouts.PartialRollouts(config, cfg, tok=tok, pad_id=pad_id,
+                                                   sample_mesh=sample_mesh, workdir=workdir)
   if config.judge.enabled:
     run.judge, run.reward_mix = judge_lib.from_config(config.judge, policy_cfg=cfg, policy_tok=tok,
                                                       mesh=mesh, seed=config.seed)

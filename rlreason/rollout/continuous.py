@@ -180,10 +180,22 @@ def generate(params, prompts: Prompts, *, cfg: transformer.ModelConfig, group_si
 @functools.lru_cache(maxsize=16)
 def _generate_fn(cfg, group_size, slots, max_new_tokens, greedy, top_k, top_p, stop_tokens,
                  pad_id, cache_dtype, sample_dtype):
-  return jax.jit(functools.partial(
-      _generate, cfg=cfg, group_size=group_size, slots=slots, max_new_tokens=max_new_tokens,
-      greedy=greedy, top_k=top_k, top_p=top_p, stop_tokens=stop_tokens, pad_id=pad_id,
-      cache_dtype=cache_dtype, sample_dtype=sample_dtype))
+  kw = dict(cfg=cfg, group_size=group_size, slots=slots, max_new_tokens=max_new_tokens,
+            greedy=greedy, top_k=top_k, top_p=top_p, stop_tokens=stop_tokens, pad_id=pad_id,
+            cache_dtype=cache_dtype)
+
+  def run(params, prompts, prefixes, temperature, rng, limit_N):
+    params, sample_cfg = sample_params(params, cfg, sample_dtype)
+    b = prompts.tokens_BxP.shape[0]
+    q = 0 if prefixes is None else prefixes.tokens_NxQ.shape[1]
+    keys_N = jax.random.key_data(sampling.row_keys(rng, jnp.arange(b * group_size)))
+    skw = dict(kw, cfg=sample_cfg)
+    st = new_pool(prompts, keys_N, limit_N, prefix_len=q, **skw)
+    st = admit_first(params, st, prefixes, temperature, jnp.int32(0), **skw)
+    st = decode(params, st, prefixes, temperature, jnp.int32(0), target=b, **skw)
+    return release(st, jnp.arange(b), prefixes, t0=0, group_size=group_size, pad_id=pad_id)
+
+  return jax.jit(run)
 
 
 def _admit_groups(params, prompts, prefixes, bi, count, temperature, *, cfg, group_size,
@@ -236,109 +248,144 @@ def _admit_groups(params, prompts, prefixes, bi, count, temperature, *, cfg, gro
   return keys, values, mask_RxW, pos_R, logits_RxV, lp_RxQ
 
 
-def _generate(params, prompts, prefixes, temperature, rng, limit_N, *, cfg, group_size, slots,
-              max_new_tokens, greedy, top_k, top_p, stop_tokens, pad_id, cache_dtype,
-              sample_dtype):
-  if sample_dtype is not None:  # As sampler.py: cast once inside the jit.
-    cfg = cfg.replace(param_dtype=sample_dtype, compute_dtype=sample_dtype)
-    params = jax.tree.map(lambda x: x.astype(sample_dtype), params)
-  b, p = prompts.tokens_BxP.shape
-  g, s, m = group_size, slots, max_new_tokens
-  n = b * g
-  q = 0 if prefixes is None else prefixes.tokens_NxQ.shape[1]
+def sample_params(params, cfg, sample_dtype):
+  """(params, cfg) to sample with: cast once inside the jit, as sampler.py, for bfloat16."""
+  if sample_dtype is None:
+    return params, cfg
+  return (jax.tree.map(lambda x: x.astype(sample_dtype), params),
+          cfg.replace(param_dtype=sample_dtype, compute_dtype=sample_dtype))
+
+
+def new_pool(prompts: Prompts, key_data_N, limit_N, *, cfg, group_size, slots, max_new_tokens,
+             prefix_len=0, cache_dtype=None, pad_id=0, **unused) -> dict:
+  """The scheduler's state over the K groups of `prompts`, none admitted: the while loop's
+  carry (and partial.py's in-flight state). Rows n = k*G + g; each row's random stream is
+  key_data_N[n] (raw key data: it goes into checkpoints), its length limit limit_N[n]."""
+  del unused
+  k, p = prompts.tokens_BxP.shape
+  g, s, m, q = group_size, slots, max_new_tokens, prefix_len
+  n = k * g
   width = p + q + m - 1  # The last sampled token is never fed, so it needs no column.
   kdt = cache_dtype or cfg.compute_dtype
   kh, dh = cfg.num_kv_heads, cfg.head_dim
+  zeros = lambda shape, dtype=jnp.int32: jnp.zeros(shape, dtype)
+  return dict(
+      t=jnp.int32(0), next_b=jnp.int32(0),
+      hist_k=tuple(zeros((s, kh, dh, width), kdt) for _ in range(cfg.num_layers)),
+      hist_v=tuple(zeros((s, kh, width, dh), kdt) for _ in range(cfg.num_layers)),
+      hist_mask=zeros((s, width), bool), row_S=zeros((s,)), j_S=zeros((s,)), pos_S=zeros((s,)),
+      live_S=zeros((s,), bool), logits_SxV=zeros((s, cfg.vocab_size), jnp.float32),
+      logits_version_S=zeros((s,)),
+      tok_NxM=jnp.full((n, m), pad_id, jnp.int32), lp_NxM=zeros((n, m), jnp.float32),
+      blp_NxM=zeros((n, m), jnp.float32), version_NxM=zeros((n, m)), sampled_N=zeros((n,)),
+      stopped_N=zeros((n,), bool), done_N=zeros((n,), bool), finished_N=zeros((n,)),
+      slot_N=zeros((n,)), admitted_K=zeros((k,)), prefix_lp_NxQ=zeros((n, q), jnp.float32),
+      prompt_tokens_KxP=prompts.tokens_BxP, prompt_mask_KxP=prompts.mask_BxP,
+      key_data_N=key_data_N, limit_N=jnp.asarray(limit_N, jnp.int32))
+
+
+def _admit(st, admitted, slots_R, count, make, version, *, group_size):
+  """Writes `count` groups from the queue head (made by `make`) into slots_R; slots_R = S and
+  rows = N where nothing is admitted (dropped), so the big buffers never pass through control
+  flow (a cond or inner loop that carries them copies them every step)."""
+  g, (s, width), k = group_size, st['hist_mask'].shape, st['admitted_K'].shape[0]
+  n = k * g
+  bi = st['next_b']
+  keys, values, mask_RxW, pos_R, logits_RxV, lp_RxQ = make()
+  pq = mask_RxW.shape[1]
+  rows_R = jnp.where(admitted, bi * g + jnp.arange(count * g), n)
+  st = dict(st)
+  kdt = st['hist_k'][0].dtype
+  st['hist_k'] = tuple(h.at[slots_R, :, :, :pq].set(x.astype(kdt), mode='drop')
+                       for h, x in zip(st['hist_k'], keys))
+  st['hist_v'] = tuple(h.at[slots_R, :, :pq].set(x.astype(kdt), mode='drop')
+                       for h, x in zip(st['hist_v'], values))
+  st['hist_mask'] = st['hist_mask'].at[slots_R].set(
+      jnp.pad(mask_RxW, ((0, 0), (0, width - pq))), mode='drop')
+  for name, x_R in (('row_S', rows_R), ('j_S', 0), ('pos_S', pos_R), ('live_S', True),
+                    ('logits_SxV', logits_RxV), ('logits_version_S', version)):
+    st[name] = st[name].at[slots_R].set(x_R, mode='drop')
+  st['slot_N'] = st['slot_N'].at[rows_R].set(slots_R, mode='drop')
+  st['admitted_K'] = st['admitted_K'].at[jnp.where(admitted, bi + jnp.arange(count), k)].set(
+      st['t'], mode='drop')
+  if lp_RxQ is not None:
+    st['prefix_lp_NxQ'] = st['prefix_lp_NxQ'].at[rows_R].set(lp_RxQ, mode='drop')
+  st['next_b'] = bi + jnp.where(admitted, count, 0)
+  return st
+
+
+def _pool_prompts(st) -> Prompts:
+  return Prompts(tokens_BxP=st['prompt_tokens_KxP'], mask_BxP=st['prompt_mask_KxP'])
+
+
+def admit_first(params, st, prefixes, temperature, version, *, cfg, group_size, slots,
+                cache_dtype=None, greedy=False, **unused):
+  """The first min(K, slots // G) groups start together, their prompts prefilled in one call
+  (the pool must have no live slot)."""
+  del unused
+  first = min(st['admitted_K'].shape[0], slots // group_size)
+  make = lambda: _admit_groups(params, _pool_prompts(st), prefixes, 0, first, temperature,
+                               cfg=cfg, group_size=group_size, cache_dtype=cache_dtype,
+                               greedy=greedy)
+  return _admit(st, True, jnp.arange(first * group_size), first, make, version,
+                group_size=group_size)
+
+
+def decode(params, st, prefixes, temperature, version, *, target, cfg, group_size, slots,
+           max_new_tokens, greedy, top_k, top_p, stop_tokens, pad_id, cache_dtype=None):
+  """Decode steps until `target` groups are done (every member finished) or nothing is left
+  to run. Tokens sampled now carry, in version_NxM, the version of the params whose logits
+  they were drawn from (logits_version_S: a slot's first token after new params were handed
+  in comes from logits the old ones computed); `version` is the params' own."""
+  g, s, m = group_size, slots, max_new_tokens
+  k, p = st['prompt_tokens_KxP'].shape
+  n = k * g
+  q = st['prefix_lp_NxQ'].shape[1]
+  width = st['hist_mask'].shape[1]
   stop_S = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
   rope_table = transformer.rope_table(cfg, p + q + m)
-  row_keys_N = sampling.row_keys(rng, jnp.arange(n))
   admit_kw = dict(cfg=cfg, group_size=g, cache_dtype=cache_dtype, greedy=greedy)
 
-  state = dict(
-      t=jnp.int32(0), next_b=jnp.int32(0),
-      hist_k=tuple(jnp.zeros((s, kh, dh, width), kdt) for _ in range(cfg.num_layers)),
-      hist_v=tuple(jnp.zeros((s, kh, width, dh), kdt) for _ in range(cfg.num_layers)),
-      hist_mask=jnp.zeros((s, width), bool),
-      row_S=jnp.zeros((s,), jnp.int32), j_S=jnp.zeros((s,), jnp.int32),
-      pos_S=jnp.zeros((s,), jnp.int32), live_S=jnp.zeros((s,), bool),
-      logits_SxV=jnp.zeros((s, cfg.vocab_size), jnp.float32),
-      tok_NxM=jnp.full((n, m), pad_id, jnp.int32), lp_NxM=jnp.zeros((n, m), jnp.float32),
-      blp_NxM=jnp.zeros((n, m), jnp.float32), sampled_N=jnp.zeros((n,), jnp.int32),
-      stopped_N=jnp.zeros((n,), bool), finished_N=jnp.zeros((n,), jnp.int32),
-      slot_N=jnp.zeros((n,), jnp.int32), admitted_B=jnp.zeros((b,), jnp.int32),
-      prefix_lp_NxQ=jnp.zeros((n, q), jnp.float32))
-
-  def can_admit(st):
-    return (st['next_b'] < b) & (jnp.sum(~st['live_S']) >= g)
-
-  def admit(st, admitted, slots_R, count, make):
-    """Writes `count` groups (made by `make`) into slots_R; slots_R = s and rows = n where
-    nothing is admitted (dropped), so the big buffers never pass through control flow (a
-    cond or inner loop that carries them copies them every step)."""
-    bi = st['next_b']
-    keys, values, mask_RxW, pos_R, logits_RxV, lp_RxQ = make()
-    rows_R = jnp.where(admitted, bi * g + jnp.arange(count * g), n)
-    st = dict(st)
-    st['hist_k'] = tuple(h.at[slots_R, :, :, :p + q].set(k.astype(kdt), mode='drop')
-                         for h, k in zip(st['hist_k'], keys))
-    st['hist_v'] = tuple(h.at[slots_R, :, :p + q].set(v.astype(kdt), mode='drop')
-                         for h, v in zip(st['hist_v'], values))
-    st['hist_mask'] = st['hist_mask'].at[slots_R].set(
-        jnp.pad(mask_RxW, ((0, 0), (0, width - p - q))), mode='drop')
-    for name, x_R in (('row_S', rows_R), ('j_S', 0), ('pos_S', pos_R), ('live_S', True),
-                      ('logits_SxV', logits_RxV)):
-      st[name] = st[name].at[slots_R].set(x_R, mode='drop')
-    st['slot_N'] = st['slot_N'].at[rows_R].set(slots_R, mode='drop')
-    st['admitted_B'] = st['admitted_B'].at[jnp.where(admitted, bi + jnp.arange(count), b)].set(
-        st['t'], mode='drop')
-    if lp_RxQ is not None:
-      st['prefix_lp_NxQ'] = st['prefix_lp_NxQ'].at[rows_R].set(lp_RxQ, mode='drop')
-    st['next_b'] = bi + jnp.where(admitted, count, 0)
-    return st
-
   def admit_one(st):  # At most one group per step, when G slots are free.
-    ok = can_admit(st)
-    make = lambda: _admit_groups(params, prompts, prefixes, st['next_b'], 1, temperature,
-                                 **admit_kw)
+    ok = (st['next_b'] < k) & (jnp.sum(~st['live_S']) >= g)
+    make = lambda: _admit_groups(params, _pool_prompts(st), prefixes, st['next_b'], 1,
+                                 temperature, **admit_kw)
     zeros = lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(make))
     slots_G = jnp.where(ok, jnp.nonzero(~st['live_S'], size=g)[0], s)  # The first G free.
-    return admit(st, ok, slots_G, 1, lambda: jax.lax.cond(ok, make, zeros))
-
-  # The first slots // G groups start together, their prompts prefilled in one call.
-  first = min(b, s // g)
-  state = admit(state, True, jnp.arange(first * g), first,
-                lambda: _admit_groups(params, prompts, prefixes, 0, first, temperature,
-                                      **admit_kw))
+    return _admit(st, ok, slots_G, 1, lambda: jax.lax.cond(ok, make, zeros), version,
+                  group_size=g)
 
   def one_row(tok, feed, keys, values, mask_W, col, pos):
-    cache = transformer.KVCache(keys=tuple(k[None] for k in keys),
+    cache = transformer.KVCache(keys=tuple(x[None] for x in keys),
                                 values=tuple(v[None] for v in values), mask_NxS=mask_W[None],
                                 end=col, pos_N=pos[None])
     logits, cache = transformer.apply(params, tok[None, None], cfg=cfg,
                                       mask_NxT=feed[None, None], cache=cache,
                                       rope_table=rope_table)
-    return (logits[0, 0], tuple(k[0] for k in cache.keys), tuple(v[0] for v in cache.values),
+    return (logits[0, 0], tuple(x[0] for x in cache.keys), tuple(v[0] for v in cache.values),
             cache.mask_NxS[0], cache.pos_N[0])
 
   def step(st):
     st = admit_one(st)
     active_S, row_S, j_S = st['live_S'], st['row_S'], st['j_S']
-    keys_S = sampling.step_keys(row_keys_N[row_S], j_S)
+    keys_S = sampling.step_keys(jax.random.wrap_key_data(st['key_data_N'][row_S]), j_S)
     tok_S, lp_S, blp_S = sampling.next_token(st['logits_SxV'], keys_S, temperature,
                                              greedy=greedy, top_k=top_k, top_p=top_p,
                                              per_row_keys=True)
     tok_S = jnp.where(active_S, tok_S, pad_id)
     out_row_S = jnp.where(active_S, row_S, n)  # Out of range: dropped.
     st = dict(st)
-    for name, x_S in (('tok_NxM', tok_S), ('lp_NxM', lp_S), ('blp_NxM', blp_S)):
+    for name, x_S in (('tok_NxM', tok_S), ('lp_NxM', lp_S), ('blp_NxM', blp_S),
+                      ('version_NxM', st['logits_version_S'])):
       st[name] = st[name].at[out_row_S, j_S].set(x_S, mode='drop')
     stop_S_hit = jnp.any(tok_S[:, None] == stop_S, axis=-1) & active_S
     new_j_S = j_S + active_S
-    finish_S = active_S & (stop_S_hit | (new_j_S >= limit_N[row_S]))
+    finish_S = active_S & (stop_S_hit | (new_j_S >= st['limit_N'][row_S]))
     st['sampled_N'] = st['sampled_N'].at[out_row_S].set(new_j_S, mode='drop')
     st['stopped_N'] = st['stopped_N'].at[out_row_S].set(stop_S_hit, mode='drop')
-    st['finished_N'] = st['finished_N'].at[jnp.where(finish_S, row_S, n)].set(
-        st['t'], mode='drop')
+    finished_row_S = jnp.where(finish_S, row_S, n)
+    st['finished_N'] = st['finished_N'].at[finished_row_S].set(st['t'], mode='drop')
+    st['done_N'] = st['done_N'].at[finished_row_S].set(True, mode='drop')
     feed_S = active_S & ~finish_S
     # Each slot is its own one-row KVCache over its segment, written at the row's own column
     # (vmap turns the per-row write into one scatter, done before attention reads the cache,
@@ -349,38 +396,61 @@ def _generate(params, prompts, prefixes, temperature, rng, limit_N, *, cfg, grou
     st['hist_k'], st['hist_v'], st['hist_mask'] = keys, values, mask_SxW
     st['pos_S'], st['j_S'], st['live_S'] = pos_S, new_j_S, feed_S
     st['logits_SxV'] = logits_SxV
+    st['logits_version_S'] = jnp.where(feed_S, version, st['logits_version_S'])
     st['t'] = st['t'] + 1
     return st
 
-  st = jax.lax.while_loop(lambda st: (st['next_b'] < b) | jnp.any(st['live_S']), step, state)
+  def running(st):
+    done_groups = jnp.sum(st['done_N'].reshape(k, g).all(axis=1))
+    return (done_groups < target) & ((st['next_b'] < k) | jnp.any(st['live_S']))
 
-  sampled_N = st['sampled_N']
-  outs = (st['tok_NxM'], st['lp_NxM'], st['blp_NxM'])
+  return jax.lax.while_loop(running, step, st)
+
+
+def release(st, groups_B, prefixes, *, t0, group_size, pad_id, with_versions=False):
+  """(Rollout, Stats) of pool groups `groups_B` (ascending), row b*G + g for group b's member
+  g; with_versions: Rollout.version_NxL holds each token's sampling version (version_NxM)."""
+  g = group_size
+  b = groups_B.shape[0]
+  n = b * g
+  m = st['tok_NxM'].shape[1]
+  rows_N = (groups_B[:, None] * g + jnp.arange(g)).reshape(-1)
+  take = lambda x: x[rows_N]
+  prompts = Prompts(tokens_BxP=st['prompt_tokens_KxP'][groups_B],
+                    mask_BxP=st['prompt_mask_KxP'][groups_B])
+  sampled_N = take(st['sampled_N'])
+  outs = tuple(take(st[name]) for name in ('tok_NxM', 'lp_NxM', 'blp_NxM', 'version_NxM'))
+  q = st['prefix_lp_NxQ'].shape[1]
   length = q + m
   if prefixes is None:
-    tokens_NxL, logp_NxL, blogp_NxL = outs
+    tokens_NxL, logp_NxL, blogp_NxL, version_NxL = outs
     prefix_mask_NxL, q_N = jnp.zeros((n, length), bool), jnp.zeros((n,), jnp.int32)
   else:  # Prefix columns first, then sampled token j at column q_n + j (as sampler.py).
+    prefixes = jax.tree.map(take, prefixes)
+    prefix_lp_NxQ = take(st['prefix_lp_NxQ'])
     pmask_NxQ = prefixes.mask_NxQ.astype(bool)
     q_N = pmask_NxQ.sum(axis=1, dtype=jnp.int32)
     pad = lambda x, v: jnp.pad(x, ((0, 0), (0, m)), constant_values=v)
-    recorded = jnp.where(jnp.isnan(prefixes.logprobs_NxQ), st['prefix_lp_NxQ'],
+    recorded = jnp.where(jnp.isnan(prefixes.logprobs_NxQ), prefix_lp_NxQ,
                          prefixes.logprobs_NxQ)
     base = (pad(jnp.where(pmask_NxQ, prefixes.tokens_NxQ, pad_id), pad_id),
-            pad(st['prefix_lp_NxQ'], 0.0), pad(jnp.where(pmask_NxQ, recorded, 0.0), 0.0))
+            pad(prefix_lp_NxQ, 0.0), pad(jnp.where(pmask_NxQ, recorded, 0.0), 0.0),
+            jnp.zeros((n, length), jnp.int32))
     prefix_mask_NxL = pad(pmask_NxQ, False)
     j_NxL = jnp.arange(length)[None, :] - q_N[:, None]
     from_sample_NxL = (j_NxL >= 0) & (j_NxL < m)
     pick = lambda x_NxM: jnp.take_along_axis(x_NxM, jnp.clip(j_NxL, 0, m - 1), 1)
-    tokens_NxL, logp_NxL, blogp_NxL = (jnp.where(from_sample_NxL, pick(x), base_x)
-                                       for x, base_x in zip(outs, base))
+    tokens_NxL, logp_NxL, blogp_NxL, version_NxL = (jnp.where(from_sample_NxL, pick(x), base_x)
+                                                    for x, base_x in zip(outs, base))
   mask_NxL = jnp.arange(length) < (q_N + sampled_N)[:, None]
   rollout = Rollout(
       prompts=prompts, tokens_NxL=tokens_NxL, mask_NxL=mask_NxL, prefix_mask_NxL=prefix_mask_NxL,
       logprobs_NxL=jnp.where(mask_NxL, logp_NxL, 0.0),
-      behaviour_logprobs_NxL=jnp.where(mask_NxL, blogp_NxL, 0.0), truncated_N=~st['stopped_N'],
-      lengths_N=mask_NxL.sum(axis=1, dtype=jnp.int32), group_size=g)
-  stats = Stats(steps=st['t'], admitted_B=st['admitted_B'],
-                released_B=st['finished_N'].reshape(b, g).max(axis=1),
-                finished_N=st['finished_N'], slot_N=st['slot_N'])
+      behaviour_logprobs_NxL=jnp.where(mask_NxL, blogp_NxL, 0.0),
+      truncated_N=~take(st['stopped_N']), lengths_N=mask_NxL.sum(axis=1, dtype=jnp.int32),
+      group_size=g, version_NxL=version_NxL if with_versions else None)
+  finished_N = take(st['finished_N'])
+  stats = Stats(steps=st['t'] - t0, admitted_B=st['admitted_K'][groups_B],
+                released_B=finished_N.reshape(b, g).max(axis=1), finished_N=finished_N,
+                slot_N=take(st['slot_N']))
   return rollout, stats

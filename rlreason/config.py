@@ -194,6 +194,11 @@ def default() -> ml_collections.ConfigDict:
   # of data.task='patient_dx' instead of tools (options: info_gain_coef, ask_cost); state
   # 'typed' prompts every turn with the typed evidence state alone, a row per turn (its prompt
   # bucket: max(data.prompt_buckets)), 'raw' appends each answer to the conversation.
+  # ARTIST (envs/artist.py, rollout/roles.py): kind 'artist' gives each episode of
+  # data.task='ts_rare_event' a controller row (selects a segment with the timeseries tool) and
+  # a reasoner row (answers from that segment alone); options: credit 'roles' (a GRPO group per
+  # role) | 'episode' (the success advantage on both rows), controller_reward 'segment' |
+  # 'success'.
   c.env.update(kind='tools', state='raw', options={})
   # Prolog-as-a-Tool (envs/prolog_protocols.py): kind 'prolog' runs each turn's <answer>
   # program; options: protocol 'single' | 'multi_try' | 'agentic', tries (env.max_turns >=

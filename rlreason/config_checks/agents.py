@@ -8,6 +8,9 @@ def check_env(c, check) -> None:
   from rlreason.envs import formats
   from rlreason.envs import registry as tool_registry
   from rlreason.verifiers import registry
+  if c.env.get('kind', 'tools') == 'artist':  # ARTIST's roles (config_checks/artist.py).
+    from rlreason.config_checks import artist
+    return artist.check_artist(c, check)
   e, rl = c.env, c.rl
   if e.get('kind', 'tools') == 'prolog':
     return check_prolog(c, check)

@@ -36,6 +36,7 @@ import json
 import re
 import string
 
+from rlreason.envs import artist  # noqa: F401 (registers ARTIST's ts_rare_event task)
 from rlreason.envs import base
 from rlreason.envs import patient  # noqa: F401 (registers MIND's patient_dx task)
 from rlreason.envs import prolog_tasks  # noqa: F401 (registers prolog_arith)

@@ -44,11 +44,14 @@ class Scores:
   modes_BxG: int behaviour mode of each response from its task's `behaviour_mode` (the
     policy-recall task's 0 = answered with ids alone, 1 = consulted the rules), -1 for tasks
     without modes; IFPO's input.
+  role_rewards_BxGxR: ARTIST's per-role rewards (rollout/roles.py, NaN where a role had no
+    turn) when its advantages are per role; None otherwise.
   """
   rewards_BxG: np.ndarray
   verifier_BxG: np.ndarray
   modes_BxG: np.ndarray
   metrics: dict
+  role_rewards_BxGxR: np.ndarray | None = None
 
   def select(self, groups_K) -> 'Scores':
     pick = lambda x: np.asarray(x)[np.asarray(groups_K)]
@@ -161,8 +164,11 @@ def score_episodes(run, episodes) -> Scores:
   if any('info_gain' in t for turns in episodes.transcripts for t in turns):  # envs/patient.py
     metrics['episodes/info_gain_mean'] = float(np.mean(
         [sum(t.get('info_gain', 0.0) for t in turns) for turns in episodes.transcripts]))
+  if hasattr(episodes, 'role_metrics'):  # ARTIST's roles (rollout/roles.py)
+    metrics.update(episodes.role_metrics())
   return Scores(rewards_BxG=rewards_BxG, verifier_BxG=rewards_BxG,
-                modes_BxG=np.full(rewards_BxG.shape, -1, np.int32), metrics=metrics)
+                modes_BxG=np.full(rewards_BxG.shape, -1, np.int32), metrics=metrics,
+                role_rewards_BxGxR=getattr(episodes, 'credit_BxGxR', None))
 
 
 def select_groups(rollout: Rollout, groups_K) -> Rollout:
@@ -333,6 +339,10 @@ def advantages_for(run, scores: Scores, stats, batch: TrainBatch, *, progress: f
     advantages.check_rewards(scores.rewards_BxG, hint="set objective.advantage_kwargs."
                              "nan_rewards='ignore' (objective.advantage 'grpo' or 'dr_grpo')")
   rewards = jnp.asarray(scores.rewards_BxG, jnp.float32)
+  if scores.role_rewards_BxGxR is not None:  # ARTIST: a group per role, episode-major rows.
+    from rlreason.rollout import roles
+    adv_BxGxR = roles.role_advantages(jnp.asarray(scores.role_rewards_BxGxR), **kwargs)
+    return jnp.broadcast_to(adv_BxGxR.reshape(-1)[:, None], mask_NxL.shape) * mask_NxL, None
   adv, returns_NxL = None, None
   token_level = name in advantages.TOKEN_LEVEL
   if token_level:

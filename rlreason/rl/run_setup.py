@@ -365,6 +365,9 @@ def make_environment(config, tok, examples=()):
   if e.get('kind', 'tools') == 'patient':  # MIND's simulated patient (envs/patient.py).
     from rlreason.envs import patient
     return patient.make_environment(config)
+  if e.get('kind', 'tools') == 'artist':  # ARTIST's roles on ts_rare_event (envs/artist.py).
+    from rlreason.envs import artist
+    return artist.make_environment(config)
   if e.get('kind', 'tools') == 'prolog':  # Prolog-as-a-Tool's protocols (envs/prolog_protocols).
     from rlreason.envs import prolog_protocols
     return prolog_protocols.make_environment(config)

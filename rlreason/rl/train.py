@@ -110,6 +110,14 @@ def run_episodes(run: Run, params, examples, rng, *, group_size: int, temperatur
   """G episodes per example with the run's environment (config.env), on the sampling mesh;
   `rollback` (rollout/rollback.Settings) for training episodes only."""
   e, rl = run.config.env, run.config.rl
+  if e.get('kind', 'tools') == 'artist':  # ARTIST: a controller row and a reasoner row each.
+    from rlreason.rollout import roles
+    with jax.set_mesh(run.sample_mesh):
+      return roles.run_role_episodes(
+          params, run.env, run.tok, examples, cfg=run.cfg, group_size=group_size,
+          max_turn_tokens=e.max_turn_tokens, prompt_tokens=max(run.config.data.prompt_buckets),
+          rng=rng, temperature=temperature, top_k=rl.top_k, top_p=rl.top_p, pad_id=run.pad_id,
+          max_chunks=rl.decode_chunks)
   if e.get('state', 'raw') == 'typed':  # MIND: a row per turn, prompted with the state alone.
     from rlreason.rollout import typed_episodes
     with jax.set_mesh(run.sample_mesh):

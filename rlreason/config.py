@@ -123,6 +123,21 @@ def default() -> ml_collections.ConfigDict:
       enabled=False, expert='', expert_per_prompt=2, prm_steps=1, prm_lr=1e-4, alpha=1.0,
       pool_expert=True, reward_l2=0.0))
 
+  # Reward-hacking monitors (rl/monitors.py), on training batches: `which` of audit (audit_size
+  # rows re-scored by audit_verifier, '' = verifier.name), agreement (reward > reward_threshold
+  # vs verifier), length (reward-length correlation), template (template_tokens' reward lift),
+  # judge (judge_sample completions judged twice). Alarms: the reward rose >= min_reward_rise
+  # over `window` steps while the audit rose <= max_audit_rise, or a level past its max_/min_
+  # (0: off), `patience` steps in a row. stop: '' logs, 'warn' also prints each alarm, 'stop'
+  # saves a checkpoint and ends the run (workdir/monitor_stop.json says why). perplexity: log
+  # prompt- and answer-token perplexity of each batch (analysis/perplexity.py; one forward).
+  c.monitors = ml_collections.ConfigDict(dict(
+      enabled=False, which=('audit', 'agreement', 'length', 'template', 'judge'),
+      audit_size=32, audit_verifier='', reward_threshold=0.5, template_tokens=(),
+      judge_sample=8, judge_tol=0.1, window=10, min_reward_rise=0.1, max_audit_rise=0.02,
+      max_disagreement=0.0, max_length_corr=0.0, max_template_lift=0.0,
+      min_judge_agreement=0.0, patience=2, stop='', perplexity=False))
+
   # DAPO's overlong shaping: a penalty for completions longer than L_max - cache_len (L_max:
   # the completion length, cache_len 0: L_max // 4) added to every reward. The `overlong`
   # verifier reads the same limits (and each completion's token count) from its items.

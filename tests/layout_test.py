@@ -28,8 +28,10 @@ ALLOWED = {
     'rollout': {'envs', 'model', 'structs', 'tasks', 'verifiers'},
     'config': {'config_checks'},
     'config_checks': {'envs', 'model', 'objectives', 'rollout', 'tasks', 'verifiers'},
-    'rl': {'config', 'envs', 'model', 'multihost', 'objectives', 'rollout', 'structs', 'tasks',
-           'verifiers'},
+    # analysis/ (logit lens, patching, perplexity) sits below rl/: rl logs its perplexity split.
+    'analysis': {'model', 'objectives', 'structs'},
+    'rl': {'analysis', 'config', 'envs', 'model', 'multihost', 'objectives', 'rollout', 'structs',
+           'tasks', 'verifiers'},
     'dynamics': {'model', 'objectives', 'rl', 'structs', 'tasks'},
     'main': {'config', 'model', 'multihost', 'rl'},
     'episodes': {'envs'},

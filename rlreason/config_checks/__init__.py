@@ -14,6 +14,7 @@ import ml_collections
 from rlreason.config_checks import adapters
 from rlreason.config_checks import agents
 from rlreason.config_checks import learned_rewards
+from rlreason.config_checks import monitoring
 from rlreason.config_checks import objective
 
 from rlreason.config_checks import partial_rollouts
@@ -147,6 +148,8 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
     learned_rewards.check_repirl(c, check)
   if c.judge.get('rubrics'):
     learned_rewards.check_scribe(c, check)
+  if c.get('monitors') is not None:
+    monitoring.check_monitors(c, check)
   if errors:
     raise ValueError('invalid config:\n  ' + '\n  '.join(errors))
 

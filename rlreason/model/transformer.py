@@ -395,6 +395,15 @@ def _merge(params: Params, cfg: ModelConfig) -> Transformer:
   return nnx.merge(_graphdef_and_abstract(cfg)[0], params)
 
 
+def module(params: Params, cfg: ModelConfig) -> Transformer:
+  """The nnx module holding `params`, for code that walks its layers one at a time
+  (analysis/: logit lens, activation patching); `apply` is the forward everything else uses."""
+  if dart.has(params):
+    raise ValueError('transformer.module: params carry DART adapters, whose routed forward only '
+                     '`apply` runs; merge or drop them first.')
+  return _merge(rollout_head.detach(params), cfg)
+
+
 def default_positions(mask_NxT, cache: KVCache | None = None):
   """RoPE positions that skip left padding: the count of real tokens before each one."""
   start_N = jnp.zeros(mask_NxT.shape[0], jnp.int32) if cache is None else cache.pos_N

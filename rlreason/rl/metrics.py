@@ -80,6 +80,11 @@ class Writer:
     parts += [f'{k.split("/")[-1]} {summary[k]:.4g}' for k in keys if k in summary]
     print(' | '.join(parts), file=self.stream, flush=True)
 
+  def note(self, text: str) -> None:
+    """A line of its own in the progress stream (a monitor's alarm, a stop)."""
+    if self.active:
+      print(text, file=self.stream, flush=True)
+
   def close(self) -> None:
     if self._jsonl is not None:
       self._jsonl.close()

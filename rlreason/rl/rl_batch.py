@@ -21,6 +21,7 @@ from rlreason.rollout import judge as judge_lib
 from rlreason.rollout import sampler
 from rlreason.rollout import slate
 from rlreason.objectives import offpolicy
+from rlreason.rl import monitors
 from rlreason.structs import VERSION_ENV, Rollout, TrainBatch
 from rlreason.tasks import example as example_lib
 from rlreason.verifiers import overlong
@@ -106,14 +107,14 @@ def score(run, rollout: Rollout, examples, *, progress: float, params=None,
   metrics = {f'verifier/{s}_frac': statuses.count(s) / len(statuses) for s in set(statuses)}
   metrics['train/accuracy'] = statuses.count('correct') / len(statuses)
   metrics['verifier/latency_max_s'] = max(v.latency_s for v in verdicts)
-  rewards_BxG = verifier_BxG
+  rewards_BxG, judge_N = verifier_BxG, None
   if run.judge is not None and judge:
     result = run.judge.score([examples[n // g].prompt for n in range(len(texts))], texts,
                              params=params)
     rewards_N, mix_metrics = judge_lib.combine(
         run.reward_mix, verifier_rewards=verifier_BxG.reshape(-1),
         judge_rewards=result.rewards_N, progress=progress)
-    rewards_BxG = np.array(rewards_N, np.float32).reshape(-1, g)
+    rewards_BxG, judge_N = np.array(rewards_N, np.float32).reshape(-1, g), result.rewards_N
     metrics.update({**result.metrics(), **mix_metrics})
   if getattr(run, 'reward_model', None) is not None and judge:  # Training rewards only; evaluation counts verdicts.
     rewards_BxG, rm_metrics = learned_rewards(run, rollout, rewards_BxG)
@@ -125,6 +126,12 @@ def score(run, rollout: Rollout, examples, *, progress: float, params=None,
     rewards_BxG = rewards_BxG + penalty_BxG
     metrics['overlong/penalty_mean'] = float(penalty_BxG.mean())
     metrics['overlong/penalised_frac'] = float((penalty_BxG < 0).mean())
+  m = getattr(run.config, 'monitors', None)
+  if judge and m is not None and m.enabled:  # Reward-hacking monitors (rl/monitors.py).
+    metrics.update(monitors.batch_metrics(
+        run, texts=texts, items=items, examples=examples, rewards_BxG=rewards_BxG,
+        verifier_BxG=verifier_BxG, lengths_N=multihost.gather_rows(lengths_N), judge_N=judge_N,
+        params=params, progress=progress))
   scores = Scores(rewards_BxG=rewards_BxG, verifier_BxG=verifier_BxG, modes_BxG=modes_BxG,
                   metrics=metrics)
   return scores, verdicts

@@ -355,6 +355,9 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
   if config.judge.enabled:
     run.judge, run.reward_mix = judge_lib.from_config(config.judge, policy_cfg=cfg, policy_tok=tok,
                                                       mesh=mesh, seed=config.seed)
+    if config.judge.get('rubrics'):  # SCRIBE: each step judged with its routed rubric.
+      from rlreason.rollout import scribe
+      run.judge = scribe.wrap(config.judge, run.judge)
   return run
 
 

@@ -29,6 +29,7 @@ from rlreason.rl import cea
 from rlreason.rl import checkpoint
 from rlreason.rl import metrics as metrics_lib
 from rlreason.rl import mixed_policy
+from rlreason.rl import monitors
 from rlreason.rl import slate_steps
 from rlreason.rl import soup
 from rlreason.rl import partial_rollouts
@@ -213,6 +214,11 @@ def rl_step(run: Run, state, step: int, times: dict[str, float]):
     adv_NxL, returns_NxL = advantages_for(run, scores, stats, batch, progress=progress,
                                           advantage=stage.advantage)
     batch = batch.replace(advantages_NxL=adv_NxL, returns_NxL=returns_NxL)
+    if getattr(run.config, 'monitors', None) is not None and run.config.monitors.perplexity:
+      from rlreason.analysis import perplexity  # Prompt vs answer tokens under π_old, before
+      metrics.update(perplexity.batch_metrics(  # the update donates its params.
+          policy, batch.tokens_NxT, batch.mask_NxT, cfg=run.cfg,
+          completion_length=rollout.tokens_NxL.shape[1]))
     metrics.update(cea.metrics(run, state.params, batch, step))  # lora.cea_every (rl/cea.py)
     perm = np.arange(rl.prompts_per_step)
     for epoch in range(rl.epochs):
@@ -234,6 +240,27 @@ def rl_step(run: Run, state, step: int, times: dict[str, float]):
   return state, metrics
 
 
+# The progress line's metrics (a key missing from a step's summary is left out).
+PROGRESS_KEYS = ('train/reward', 'eval/pass@1', 'loss', 'monitors/audit', 'monitors/disagreement',
+                 'monitors/alarms', 'perplexity/answer', 'perplexity/prompt')
+
+
+def watch(run: Run, tracker: monitors.Tracker, step: int, metrics: dict,
+          writer: metrics_lib.Writer) -> list[monitors.Alarm]:
+  """Feeds step's metrics to the reward-hacking monitors (rl/monitors.py) and adds their
+  trends; logs each alarm (printed too under monitors.stop 'warn' or 'stop'). Returns the
+  alarms that end the run: all of them under monitors.stop='stop', none otherwise."""
+  alarms = tracker.update(step, metrics)
+  metrics.update(tracker.trend_metrics())
+  metrics['monitors/alarms'] = len(alarms)
+  policy = run.config.monitors.stop
+  for a in alarms:
+    logging.warning('monitor alarm at step %d: %s: %s', step, a.name, a.message)
+    if policy:
+      writer.note(f'step {step} | monitor alarm {a.name}: {a.message}')
+  return alarms if policy == 'stop' else []
+
+
 def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[str, float]]:
   """Runs (or resumes) the job in `workdir`: (final TrainState, last evaluation metrics)."""
   config_lib.validate(config, num_devices=jax.device_count())
@@ -252,13 +279,15 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[st
     logging.info('after SFT warm start: %s', eval_metrics)
     run.save(0, state, metrics=eval_metrics)
   eval_metrics, pending = {}, None
+  tracker = monitors.Tracker.from_config(config.monitors) if config.monitors.enabled else None
   for step in range(start + 1, config.rl.steps + 1):
     times, t0 = {}, time.perf_counter()
     with jax.set_mesh(run.mesh):
       state, metrics = rl_step(run, state, step, times)
     if pending is not None:  # Step t-1's device scalars, read while step t ran.
       summary = writer.write(*pending)
-      writer.progress(pending[0], summary, keys=('train/reward', 'eval/pass@1', 'loss'))
+      writer.progress(pending[0], summary, keys=PROGRESS_KEYS)
+    stop = [] if tracker is None else watch(run, tracker, step, metrics, writer)
     metrics.update(times)
     metrics['time/step_s'] = time.perf_counter() - t0
     if config.eval.every and (step % config.eval.every == 0 or step == config.rl.steps):
@@ -267,13 +296,19 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[st
       metrics.update(eval_metrics)
     metrics.update(throughput(metrics))
     pending = (step, metrics)
-    last = step == config.rl.steps or preempt.should_stop(step, run.checkpointer.latest)
+    last = (step == config.rl.steps or bool(stop)
+            or preempt.should_stop(step, run.checkpointer.latest))
     if last or (config.checkpoint.every and step % config.checkpoint.every == 0):
       run.save(step, state, metrics=eval_metrics if 'eval/pass@1' in metrics else None)
+    if stop:  # Saved above: the stopped run loses nothing and resumes from here.
+      message = monitors.stop_message(stop, step=step, workdir=run.workdir)
+      monitors.write_stop(run.workdir, stop, message=message)
+      logging.error(message)
+      writer.note(message)
     if last:
       break
   if pending is not None:
-    writer.progress(pending[0], writer.write(*pending), keys=('train/reward', 'eval/pass@1'))
+    writer.progress(pending[0], writer.write(*pending), keys=PROGRESS_KEYS)
   if config.export.path:
     export_policy(run, state.params, config.export.path, dtype=config.export.dtype)
   elif config.export.peft_path and run.adapter is not None and run.adapter.routing:

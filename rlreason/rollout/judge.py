@@ -262,7 +262,11 @@ class Judge:
     A cut keeps the first quarter (instructions, the problem's start) and the end (the step
     under judgement and the question), so the label still follows the rubric's last words.
     """
-    texts = [self.render(problem, steps[:j], step, j + 1) for j, step in enumerate(steps)]
+    return self.encode_prompts([self.render(problem, steps[:j], step, j + 1)
+                                for j, step in enumerate(steps)])
+
+  def encode_prompts(self, texts: Sequence[str]) -> tuple[list[list[int]], int]:
+    """Token ids of rendered rubric prompts, cut as `prompt_ids` says, and how many were cut."""
     longest, head, out, cut = self.prompt_buckets[-1], self.prompt_buckets[-1] // 4, [], 0
     for ids in self.tok.encode_batch(texts) if texts else []:
       if len(ids) > longest:

@@ -64,6 +64,13 @@ def default() -> ml_collections.ConfigDict:
   # each token tagged with the version that sampled it. sample_memory_gb > 0: the continuous
   # sampler's memory estimate must fit it at start-up (0: no check).
   c.rl.update(partial_rollouts=False, sample_memory_gb=0.0)
+  # Asynchronous sampling (rl/async_rl.py): '' samples each step with the newest params;
+  # 'process' samples in a spawned process up to max_staleness steps ahead (step t's rollout
+  # by the params after max(0, t - 1 - max_staleness) steps; 0 is the synchronous loop);
+  # 'inline' follows the same schedule in this process, without the overlap (studies,
+  # tests). sampler_cpus pins the sampler process (one CPU: single-threaded XLA);
+  # sampler_timeout_s bounds the learner's wait for one rollout.
+  c.rl.update(async_mode='', max_staleness=1, sampler_cpus=(), sampler_timeout_s=900.0)
 
   # correction: off-policy weights by π_prox/π_behaviour on the policy loss (objectives/
   # offpolicy.py): '' | 'tis_token' | 'tis_sequence' | 'mask_token' | 'mask_sequence' |

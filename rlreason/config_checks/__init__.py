@@ -18,6 +18,7 @@ from rlreason.config_checks import monitoring
 from rlreason.config_checks import objective
 
 from rlreason.config_checks import partial_rollouts
+from rlreason.config_checks import offpolicy
 
 # HeaPA's boundary definitions (rl/prompt_schedule.py implements them).
 HEAPA_MODES = ('medium', 'easy_medium')
@@ -123,6 +124,7 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
     check(bool(c.judge.model), "judge.model is empty; 'policy', an HF dir or 'random-tiny'.")
   objective.check_objective(c, check)
   objective.check_correction(c, check)
+  offpolicy.check_async(c, check)
   check(c.env.enabled or not c.env.rollback.enabled,
         'env.rollback.enabled needs env.enabled (it rewrites tool-using episodes).')
   slate = c.get('slate') is not None and c.slate.enabled

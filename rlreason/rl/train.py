@@ -6,8 +6,9 @@ impure code in the package. Device work happens in jitted pure functions (sample
 update.logprobs_step, update.train_step); the host sees token ids (to decode for the
 verifiers) and scalar metrics, one step late.
 
-Deliberately not here: asynchronous sampling (the loop is synchronous), multi-host data
-feeding beyond per-process sharding of the prompt stream. The optional critic (config.critic)
+Synchronous by default; with rl.async_mode the rollouts come from rl/async_rl.py's sampler,
+up to rl.max_staleness steps ahead. Deliberately not here: multi-host data feeding beyond
+per-process sharding of the prompt stream. The optional critic (config.critic)
 is a value head on the policy's trunk, trained in the same update (update.py).
 """
 
@@ -25,6 +26,7 @@ from rlreason import config as config_lib
 from rlreason import multihost
 from rlreason.model import sharding
 from rlreason.rl import adapters
+from rlreason.rl import async_rl
 from rlreason.rl import cea
 from rlreason.rl import checkpoint
 from rlreason.rl import metrics as metrics_lib
@@ -83,14 +85,8 @@ def sample_and_verify(run: Run, params, examples, rng, *, step: int, progress: f
       rollout = jax.device_put(rollout, jax.tree.map(
           lambda x: sharding.data_sharding(run.mesh, x.shape), rollout))
     rollout = tag_versions(rollout, version=step - 1, prefix_version=prefix_version)
-  with phase(times, 'verify'):
-    scores, _ = score(run, rollout, examples, progress=progress, params=params)
+  scores = verify_rollout(run, rollout, examples, progress=progress, params=params, times=times)
   rewards_BxG, vmetrics = scores.rewards_BxG, scores.metrics
-  tokens = int(jax.device_get(rollout.lengths_N.sum()))
-  for name in ('generate', 'verify'):
-    times[f'tokens/{name}'] = times.get(f'tokens/{name}', 0) + tokens
-  run.data_iter.record(examples, rewards_BxG)
-  vmetrics['train/zero_variance_frac'] = zero_variance_fraction(rewards_BxG)
   if run.config.hapo.enabled:
     rollout, rewards_BxG, hapo_metrics = mixed_policy.hapo_inject(
         run, rollout, rewards_BxG, examples, step=step, key=mixed_policy.hapo_key(rng),
@@ -104,6 +100,19 @@ def sample_and_verify(run: Run, params, examples, rng, *, step: int, progress: f
         verifier_BxG=np.where(injected_BxG, rewards_BxG, scores.verifier_BxG),
         modes_BxG=np.where(injected_BxG, -1, scores.modes_BxG))
   return rollout, scores
+
+
+def verify_rollout(run: Run, rollout, examples, *, progress: float, times: dict[str, float],
+                   params=None):
+  """The rollout's Scores (rl_batch.score), recorded in the prompt schedule."""
+  with phase(times, 'verify'):
+    scores, _ = score(run, rollout, examples, progress=progress, params=params)
+  tokens = int(jax.device_get(rollout.lengths_N.sum()))
+  for name in ('generate', 'verify'):
+    times[f'tokens/{name}'] = times.get(f'tokens/{name}', 0) + tokens
+  run.data_iter.record(examples, scores.rewards_BxG)
+  scores.metrics['train/zero_variance_frac'] = zero_variance_fraction(scores.rewards_BxG)
+  return scores
 
 
 def run_episodes(run: Run, params, examples, rng, *, group_size: int, temperature: float,
@@ -185,11 +194,11 @@ def evaluate_policy(run: Run, params, rng, *, step: int = 0) -> dict[str, float]
   return {**{f'eval/{k}': v for k, v in summary.items()}, 'tokens/eval': tokens}
 
 
-def rl_step(run: Run, state, step: int, times: dict[str, float]):
-  """Sample, verify, filter, compute advantages, and update: (state, metrics)."""
+def sample_step(run: Run, policy, step: int, times: dict[str, float]):
+  """The synchronous step's rollout, sampled now with `policy` (DAPO's dynamic sampling
+  refills it up to rl.max_refill_rounds times): (rollout, scores, metrics)."""
   rl, progress = run.config.rl, step / max(run.config.rl.steps, 1)
   rng = jax.random.fold_in(run.root_rng, step)
-  policy = run.rollout_policy(state.params)  # The model's params (LoRA merged; R²PO's head).
   sample_params = sharding.reshard(policy, run.sample_shardings)
   groups, metrics = [], {}
   for attempt in range(1 + (rl.max_refill_rounds if rl.dynamic_sampling else 0)):
@@ -207,6 +216,21 @@ def rl_step(run: Run, state, step: int, times: dict[str, float]):
                                               enabled=rl.dynamic_sampling)
   metrics['dynamic_sampling/filled_frac'] = kept_frac
   metrics['dynamic_sampling/rounds'] = len(groups)
+  return rollout, scores, metrics
+
+
+def rl_step(run: Run, state, step: int, times: dict[str, float], async_sampler=None):
+  """Sample (or take the rollout sampled ahead, rl.async_mode), verify, filter, compute
+  advantages, and update: (state, metrics)."""
+  rl, progress = run.config.rl, step / max(run.config.rl.steps, 1)
+  policy = run.rollout_policy(state.params)  # The model's params (LoRA merged; R²PO's head).
+  if async_sampler is None:
+    rollout, scores, metrics = sample_step(run, policy, step, times)
+  else:  # Sampled by version max(0, step - 1 - rl.max_staleness) (rl/async_rl.py).
+    with phase(times, 'sample'):
+      examples, rollout = async_sampler.rollout(policy, step)
+      scores = verify_rollout(run, rollout, examples, progress=progress, times=times)
+    metrics = dict(scores.metrics)
   stage = run.stage(step)  # R²PO's stages (rl/r2po.py); one plain stage otherwise.
   with phase(times, 'update'):
     batch, stats = make_train_batch(run, stage.learner(policy), rollout,
@@ -271,6 +295,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[st
   writer = metrics_lib.Writer(workdir, total_steps=config.rl.steps, every=config.log_every)
   preempt = checkpoint.PreemptionFlag()
   state, start = run.restore_or_init()
+  async_sampler = async_rl.start(run, start)  # None unless rl.async_mode (rl/async_rl.py).
   if not run.restored:  # A restored step 0 already holds the warm start.
     with jax.set_mesh(run.mesh):
       state, sft_metrics = sft_loop(run, state, steps=config.sft.steps, writer=writer)
@@ -283,7 +308,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[st
   for step in range(start + 1, config.rl.steps + 1):
     times, t0 = {}, time.perf_counter()
     with jax.set_mesh(run.mesh):
-      state, metrics = rl_step(run, state, step, times)
+      state, metrics = rl_step(run, state, step, times, async_sampler)
     if pending is not None:  # Step t-1's device scalars, read while step t ran.
       summary = writer.write(*pending)
       writer.progress(pending[0], summary, keys=PROGRESS_KEYS)
@@ -299,6 +324,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[st
     last = (step == config.rl.steps or bool(stop)
             or preempt.should_stop(step, run.checkpointer.latest))
     if last or (config.checkpoint.every and step % config.checkpoint.every == 0):
+      if async_sampler is not None:  # The rollouts in flight, beside the checkpoint.
+        async_sampler.save(step)
       run.save(step, state, metrics=eval_metrics if 'eval/pass@1' in metrics else None)
     if stop:  # Saved above: the stopped run loses nothing and resumes from here.
       message = monitors.stop_message(stop, step=step, workdir=run.workdir)
@@ -313,6 +340,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[st
     export_policy(run, state.params, config.export.path, dtype=config.export.dtype)
   elif config.export.peft_path and run.adapter is not None and run.adapter.routing:
     adapters.export_dart(config, run.cfg, run.adapter, state.params)  # no merged model
+  if async_sampler is not None:
+    async_sampler.close()
   run.close()
   writer.close()
   preempt.restore_handlers()

@@ -244,6 +244,16 @@ def default() -> ml_collections.ConfigDict:
   c.slate = ml_collections.ConfigDict(dict(enabled=False, k=5, eta=0.7, lambda_bonus=0.1,
                                            judge='rule'))
 
+  # Fork/join threads (rollout/fork_join.py, rl/threads.py): each of the G episodes per prompt
+  # writes up to parent_tokens, and a spawn block `spawn h_1 sep .. h_k end` forks k <=
+  # max_workers worker rows (worker_tokens each) that share its context; their outputs are
+  # joined into it and the parent writes up to final_tokens more. Rows per prompt G * (1 +
+  # max_workers); one reward per episode (its parent's text). markers: one-token strings of
+  # the spawn format, over threads.DEFAULT_MARKERS (parallel_sums' characters).
+  c.threads = ml_collections.ConfigDict(dict(
+      enabled=False, max_workers=4, parent_tokens=16, worker_tokens=16, final_tokens=16,
+      max_header_tokens=4, markers={}))
+
   # num_prompts 500: MATH-500's size; a file's eval set is cut to it (GSM8K's test set has 1319).
   # diversity: how the k samples per prompt differ (rl/diversity.py): 'iid', or a fixed
   # schedule of 'skeleton' (structural completion prefixes), 'paraphrase' or 'comment' prompts.

@@ -199,3 +199,44 @@ def test_memory_estimate_covers_worker_slots():
   assert four['phase_workers'] > one['phase_workers'] and four['rows'] > one['rows']
   assert four['total'] == max(four['phase_parent'], four['phase_workers'],
                               four['phase_join']) + four['rows']
+
+
+def test_trainer_gives_each_episode_one_advantage_over_its_threads(threaded):
+  """rl_batch.advantages_for with the loop's group estimator: an episode's advantage on every
+  trained token of its parent and workers, nothing elsewhere; the loss sees each sampled token
+  once (the loss mask's count is the episodes' total tokens)."""
+  import types
+  import ml_collections
+  from rlreason.objectives import advantages
+  from rlreason.rl import rl_batch
+  _, _, out = threaded
+  g, per = KW['group_size'], 1 + KW['max_workers']
+  run = types.SimpleNamespace(config=ml_collections.ConfigDict(dict(
+      objective=dict(advantage='grpo', advantage_kwargs={}, transforms=()),
+      rl=dict(group_size=g))))
+  rewards_BxG = np.array([[1.0, 0.0], [0.0, 0.0]], np.float32)
+  scores = rl_batch.Scores(rewards_BxG=rewards_BxG, verifier_BxG=rewards_BxG,
+                           modes_BxG=np.full((2, 2), -1), metrics={})
+  loss = out.rollout.loss_mask_NxL
+  batch = types.SimpleNamespace(loss_mask_NxL=loss)
+  adv_NxL, _ = rl_batch.advantages_for(run, scores, None, batch, progress=0.0)
+  want_E = np.asarray(advantages.grpo(jnp.asarray(rewards_BxG))).reshape(-1)
+  assert want_E[0] > 0 > want_E[1]
+  want_NxL = np.where(np.asarray(loss), np.repeat(want_E, per)[:, None], 0.0)
+  np.testing.assert_allclose(np.asarray(adv_NxL), want_NxL, rtol=1e-6)
+  tokens_N = np.asarray(loss).sum(axis=1)
+  assert tokens_N.sum() == fork_join.total_tokens_E(tokens_N, out.parent_N).sum() == 4 * 14
+
+
+def test_config_checks_name_the_threads_fields():
+  from rlreason import config as config_lib
+  from experiments import parallel_reasoning
+  c = parallel_reasoning.get_config('runlocal')
+  config_lib.validate(c, num_devices=8)
+  c.objective.advantage = 'otb'
+  c.threads.worker_tokens = 0
+  c.threads.markers = {'spawnn': '<'}
+  with pytest.raises(ValueError) as e:
+    config_lib.validate(c, num_devices=8)
+  for text in ('threads.worker_tokens=0', "unknown key(s) ['spawnn']", "'otb' is token-level"):
+    assert text in str(e.value)

@@ -19,6 +19,7 @@ from rlreason.config_checks import objective
 
 from rlreason.config_checks import partial_rollouts
 from rlreason.config_checks import offpolicy
+from rlreason.config_checks import threads
 
 # HeaPA's boundary definitions (rl/prompt_schedule.py implements them).
 HEAPA_MODES = ('medium', 'easy_medium')
@@ -132,6 +133,8 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
         "objective.advantage='slate' reads SLATE's step rows: set slate.enabled.")
   if slate:
     agents.check_slate(c, check)
+  if c.get('threads') is not None and c.threads.enabled:
+    threads.check_threads(c, check)
   if c.env.enabled:
     agents.check_env(c, check)
   else:

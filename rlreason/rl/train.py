@@ -61,6 +61,9 @@ def sample_and_verify(run: Run, params, examples, rng, *, step: int, progress: f
   """
   if run.config.slate.enabled:  # SLATE's candidate-step rows (rollout/slate.py).
     return slate_steps.sample_and_score(run, params, examples, rng, step=step, times=times)
+  if run.config.get('threads') is not None and run.config.threads.enabled:  # fork/join rows
+    from rlreason.rl import threads
+    return threads.sample_and_score(run, params, examples, rng, step=step, times=times)
   if run.env is not None:
     return sample_episodes(run, params, examples, rng, step=step, times=times)
   rl, prompts = run.config.rl, encode_prompts(run, examples)

@@ -17,7 +17,8 @@ in its own worker:
   worker a    'a:' (given) then '3489'            the group's running sums, then EOS
   join        '[3489,5473,5831]'                 the workers' outputs, prefilled
   parent      '+951 #### 1'                      as the sequential solution ends
-`threaded_solution` returns these pieces; `threaded_text` the parent's whole text.
+`threaded_solution` returns these pieces, `threaded_text` the parent's whole text, and
+`threaded_teacher` one thread of it as an SFT row.
 
 Every sub-problem needs the same work in both formats; the threaded parent writes the short
 spawn block instead of the groups' lines, so its critical path is about spawn + one group + the
@@ -88,3 +89,19 @@ def threaded_text(example: example_lib.Example) -> str:
   spawn, workers, ending = threaded_solution(example)
   join = m['join_open'] + m['join_sep'].join(out for _, out in workers) + m['join_close']
   return spawn + join + ending
+
+
+def threaded_teacher(example: example_lib.Example, rng) -> list[list]:
+  """One thread of the threaded solution as an SFT row (rl/sft.py's [text, trained] segments),
+  drawn uniformly among the parent and the workers, so SFT sees every kind of thread:
+    parent    [spawn block, trained], [join block, not trained], [ending, trained]
+    worker k  [spawn block + header_k + ':', not trained], [its output, trained]
+  (the loop appends a trained EOS to both, as the sampler's threads end)."""
+  m = THREAD_MARKERS
+  spawn, workers, ending = threaded_solution(example)
+  k = int(rng.integers(0, len(workers) + 1))
+  if k == 0:
+    join = m['join_open'] + m['join_sep'].join(out for _, out in workers) + m['join_close']
+    return [[spawn, True], [join, False], [ending, True]]
+  header, out = workers[k - 1]
+  return [[spawn + header + m['worker_open'], False], [out, True]]

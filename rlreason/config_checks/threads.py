@@ -1,0 +1,29 @@
+"""Start-up checks of fork/join threads (config.threads; rollout/fork_join.py, rl/threads.py)."""
+
+
+def check_threads(c, check) -> None:
+  """Budgets, markers, and the modes threaded rows cannot combine with."""
+  from rlreason.objectives import advantages
+  t, rl = c.threads, c.rl
+  for field in ('max_workers', 'parent_tokens', 'worker_tokens', 'final_tokens',
+                'max_header_tokens'):
+    check(isinstance(t[field], int) and t[field] >= 1,
+          f'threads.{field}={t[field]!r} must be an integer >= 1.')
+  known = ('spawn', 'sep', 'end', 'worker_open', 'join_open', 'join_sep', 'join_close')
+  unknown = sorted(set(t.markers) - set(known))
+  check(not unknown, f'threads.markers has unknown key(s) {unknown}; known: {list(known)}.')
+  check(c.objective.advantage not in advantages.TOKEN_LEVEL,
+        f'threads.enabled gives one reward per episode over its 1 + threads.max_workers rows: '
+        f'objective.advantage={c.objective.advantage!r} is token-level; use a group estimator '
+        "(e.g. 'grpo').")
+  check(rl.get('sampler', 'static') == 'static',
+        "threads.enabled samples with the static sampler: set rl.sampler='static'.")
+  check(not rl.get('async_mode', ''), 'threads.enabled runs in the synchronous loop: set '
+                                      "rl.async_mode=''.")
+  for name, on in (('env', c.env.enabled), ('slate', c.get('slate') and c.slate.enabled),
+                   ('hapo', c.hapo.enabled), ('prefix_rollouts', c.prefix_rollouts.enabled),
+                   ('judge', c.judge.enabled), ('overlong', c.overlong.enabled),
+                   ('critic', c.get('critic') and c.critic.enabled),
+                   ('reward_model', c.get('reward_model') and c.reward_model.path)):
+    check(not on, f'threads.enabled does not combine with {name} (its rows are single '
+                  'completions or episodes, not threads).')

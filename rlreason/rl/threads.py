@@ -1,0 +1,88 @@
+"""The RL loop's fork/join rollout mode (config.threads): threaded rows and their scores.
+
+`sample_and_score` reads config.threads (budgets, max_workers, the spawn markers) and calls
+rollout/fork_join.py's `sample_threads`; the verifier scores each episode's parent text (spawn
+block, the workers' results as joined, the ending), so an episode's final reward is one
+number, rewards_BxG over the G episodes of each prompt. The loop's group estimator turns it into
+one advantage per episode, which `rl_batch.advantages_for` repeats over the episode's 1 + K rows
+(its parent and worker slots; an unspawned slot has no token in the loss), so the parent's and
+every worker's sampled tokens are trained once each with the episode's advantage.
+
+Metrics (fork_join.ThreadedRollout.metrics): threads/total_tokens_mean, threads/
+longest_path_mean (the critical path: parent + longest worker), threads/per_episode_mean,
+threads/spawned_frac.
+
+Not here: the sampling mechanism (rollout/fork_join.py); evaluation, which samples one
+thread per answer (rl/evaluate.py: a threaded policy is evaluated without forking).
+"""
+
+import time
+
+import jax
+import numpy as np
+
+from rlreason.rl import rl_batch
+from rlreason.rl.run_setup import prompt_text
+from rlreason.rollout import fork_join
+from rlreason.tasks import example as example_lib
+
+DEFAULT_MARKERS = dict(spawn='<', sep=',', end='>', worker_open=':', join_open='[',
+                       join_sep=',', join_close=']')  # tasks/parallel_sums.THREAD_MARKERS
+
+
+def spawn_format(run) -> fork_join.SpawnFormat:
+  t = run.config.threads
+  return fork_join.SpawnFormat.from_tokenizer(
+      run.tok, **{**DEFAULT_MARKERS, **dict(t.markers)}, max_header_tokens=t.max_header_tokens)
+
+
+def sample_threads(run, params, examples, rng, *, temperature: float, group_size: int = 0):
+  """fork_join.sample_threads with the run's settings (group_size 0: rl.group_size)."""
+  t, rl = run.config.threads, run.config.rl
+  with jax.set_mesh(run.sample_mesh):
+    return fork_join.sample_threads(
+        params, [run.tok.encode(prompt_text(run, ex)) for ex in examples], fmt=spawn_format(run),
+        cfg=run.cfg, group_size=group_size or rl.group_size, max_workers=t.max_workers,
+        parent_tokens=t.parent_tokens, worker_tokens=t.worker_tokens,
+        final_tokens=t.final_tokens, rng=rng, prompt_buckets=run.config.data.prompt_buckets,
+        eos=tuple(run.tok.eos_ids), temperature=temperature, top_k=rl.top_k, top_p=rl.top_p,
+        pad_id=run.pad_id, max_chunks=rl.decode_chunks,
+        decode=lambda ids: run.tok.decode(ids, skip_special_tokens=True))
+
+
+def score_texts(run, texts, examples, *, group_size: int, lengths_E) -> tuple[np.ndarray, dict]:
+  """Verifier rewards_BxG of the episodes' parent texts, and the verdict metrics."""
+  limits = rl_batch.overlong_limits(run.config)
+  items = [example_lib.verifier_item(examples[e // group_size], text,
+                                     num_tokens=int(lengths_E[e]), **limits)
+           for e, text in enumerate(texts)]
+  verdicts = run.pool.score(items, verifier=run.config.verifier.name,
+                            deadline_s=run.config.verifier.deadline_s)
+  rewards_BxG = np.array([v.reward for v in verdicts], np.float32).reshape(-1, group_size)
+  statuses = [v.status for v in verdicts]
+  metrics = {f'verifier/{s}_frac': statuses.count(s) / len(statuses) for s in set(statuses)}
+  metrics['train/accuracy'] = statuses.count('correct') / len(statuses)
+  return rewards_BxG, metrics
+
+
+def sample_and_score(run, params, examples, rng, *, step: int, times: dict):
+  """rl/train.py's threaded rollout mode: (rollout, rl_batch.Scores), one reward per episode."""
+  if jax.process_count() > 1:
+    raise NotImplementedError('threads.enabled runs on one host (multihost.local_rows).')
+  g = run.config.rl.group_size
+  t0 = time.perf_counter()
+  out = sample_threads(run, params, examples, rng, temperature=run.config.rl.temperature)
+  times['time/generate_s'] = times.get('time/generate_s', 0.0) + time.perf_counter() - t0
+  loss_N = np.asarray(out.rollout.loss_mask_NxL).sum(axis=1)
+  times['tokens/generate'] = times.get('tokens/generate', 0) + int(loss_N.sum())
+  t0 = time.perf_counter()
+  rewards_BxG, metrics = score_texts(run, out.final_texts, examples, group_size=g,
+                                     lengths_E=fork_join.total_tokens_E(loss_N, out.parent_N))
+  times['time/verify_s'] = times.get('time/verify_s', 0.0) + time.perf_counter() - t0
+  metrics.update(out.metrics())
+  metrics['train/zero_variance_frac'] = rl_batch.zero_variance_fraction(rewards_BxG)
+  run.data_iter.record(examples, rewards_BxG)
+  rollout = rl_batch.tag_versions(out.rollout, version=step - 1)
+  return rollout, rl_batch.Scores(rewards_BxG=rewards_BxG, verifier_BxG=rewards_BxG,
+                                  modes_BxG=np.full(rewards_BxG.shape, -1, np.int32),
+                                  metrics=metrics)

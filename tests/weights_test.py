@@ -13,6 +13,7 @@ import safetensors.torch
 import torch
 import transformers
 
+from rlreason.model import safetensors_io
 from rlreason.model import sharding
 from rlreason.model import transformer
 from rlreason.model import weights
@@ -322,8 +323,8 @@ def _write_header(file, header, data):
 def _no_tensor_reads(monkeypatch):
   """Counts tensor reads: a bad header must fail before the first one."""
   reads = []
-  read = weights._read_tensor
-  monkeypatch.setattr(weights, '_read_tensor', lambda e: reads.append(e) or read(e))
+  read = safetensors_io.read_tensor
+  monkeypatch.setattr(safetensors_io, 'read_tensor', lambda e: reads.append(e) or read(e))
   return reads
 
 

@@ -12,9 +12,8 @@ dtypes) is checked first, and all problems are reported in one CheckpointError.
 `save` gathers and writes one tensor at a time too, into a directory that
 `transformers.AutoModelForCausalLM.from_pretrained` loads.
 
-Safetensors files are parsed here (an 8-byte header length, a JSON header, raw
-little-endian bytes) rather than with `safe_open(framework='numpy')`, which has no
-bfloat16; `ml_dtypes.bfloat16` stands in for it.
+Safetensors files are parsed by model/safetensors_io.py (no `safe_open(framework='numpy')`:
+it has no bfloat16).
 
 Deliberately not here: hub downloads, `pytorch_model.bin`, quantized or LoRA
 checkpoints, sliding-window attention, RoPE types other than default and llama3,
@@ -23,39 +22,22 @@ optimizer state.
 
 import json
 import math
-import os
 import pathlib
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import ml_dtypes
 import numpy as np
 
+from rlreason.model import safetensors_io
 from rlreason.model import sharding as sharding_lib
 from rlreason.model import transformer
 
 _ARCHS = {'LlamaForCausalLM': 'llama', 'Qwen2ForCausalLM': 'qwen2', 'Qwen3ForCausalLM': 'qwen3'}
 _FAMILY_ARCH = {family: arch for arch, family in _ARCHS.items()}
 _ROPE_TYPES = ('default', 'llama3')
-_ST_DTYPES = {'F64': np.float64, 'F32': np.float32, 'F16': np.float16, 'BF16': ml_dtypes.bfloat16}
-_ST_NAMES = {np.dtype(t): name for name, t in _ST_DTYPES.items()}
-# Bytes per element of every safetensors dtype, also those we do not load (checked anyway).
-_ST_ITEMSIZE = {'BOOL': 1, 'U8': 1, 'I8': 1, 'F8_E5M2': 1, 'F8_E4M3': 1, 'I16': 2, 'U16': 2,
-                'F16': 2, 'BF16': 2, 'I32': 4, 'U32': 4, 'F32': 4, 'I64': 8, 'U64': 8, 'F64': 8}
-_SINGLE, _INDEX = 'model.safetensors', 'model.safetensors.index.json'
-
-
-class CheckpointError(ValueError):
-  """A checkpoint or its config that this module cannot read or write."""
-
-
-class _Entry(NamedTuple):
-  """Where one tensor lives: its file, safetensors dtype name, shape and byte range."""
-  file: pathlib.Path
-  dtype: str
-  shape: tuple[int, ...]
-  begin: int
-  end: int
+# Re-exported: callers catch weights.CheckpointError.
+CheckpointError = safetensors_io.CheckpointError
 
 
 # ----------------------------------------------------------------------------- configs
@@ -215,102 +197,7 @@ def tree_set(tree, path, value):
 # ----------------------------------------------------------------------------- reading
 
 
-def _json(raw, file: pathlib.Path):
-  try:
-    return json.loads(raw)
-  except ValueError as e:
-    raise CheckpointError(f'{file}: invalid JSON ({e}).') from None
-
-
-def _read_header(file: pathlib.Path) -> dict[str, _Entry]:
-  with open(file, 'rb') as fh:
-    file_bytes = os.fstat(fh.fileno()).st_size
-    raw = fh.read(8)
-    size = int.from_bytes(raw, 'little') if len(raw) == 8 else -1
-    if not 0 < size <= min(100 * 2**20, file_bytes - 8):
-      raise CheckpointError(f'{file}: not a safetensors file (header size {size}, '
-                            f'file size {file_bytes}).')
-    header = _json(fh.read(size), file)
-  if not isinstance(header, dict):
-    raise CheckpointError(f'{file}: the header is not a JSON object.')
-  start = 8 + size
-  entries = {name: _header_entry(file, name, h, start, file_bytes - start)
-             for name, h in header.items() if name != '__metadata__'}
-  _check_overlaps(file, entries)
-  return entries
-
-
-def _header_entry(file: pathlib.Path, name: str, h: Any, start: int, data_bytes: int) -> _Entry:
-  """One tensor's _Entry, once its byte range is known to lie in the data section.
-
-  Checked here, before any tensor is read, so that a truncated download fails at once
-  instead of after the tensors before the cut were placed on the devices.
-  """
-  try:
-    dtype, shape, (begin, end) = h['dtype'], tuple(h['shape']), h['data_offsets']
-  except (TypeError, KeyError, ValueError):
-    raise CheckpointError(f'{file}: tensor {name}: malformed header entry {h!r}.') from None
-  if not all(isinstance(n, int) and n >= 0 for n in (*shape, begin, end)):
-    raise CheckpointError(f'{file}: tensor {name}: malformed shape {list(shape)} or '
-                          f'data_offsets {[begin, end]}.')
-  if begin > end:
-    raise CheckpointError(f'{file}: tensor {name}: data_offsets {[begin, end]} end before '
-                          'they begin.')
-  if end > data_bytes:
-    raise CheckpointError(f'{file}: tensor {name}: data_offsets {[begin, end]} run past the end '
-                          f'of the data section ({data_bytes} bytes); is the file truncated?')
-  if dtype in _ST_ITEMSIZE and end - begin != _ST_ITEMSIZE[dtype] * math.prod(shape):
-    raise CheckpointError(f'{file}: tensor {name}: data_offsets {[begin, end]} hold '
-                          f'{end - begin} bytes, but {dtype} {list(shape)} needs '
-                          f'{_ST_ITEMSIZE[dtype] * math.prod(shape)}.')
-  return _Entry(file, dtype, shape, start + begin, start + end)
-
-
-def _check_overlaps(file: pathlib.Path, entries: dict[str, _Entry]):
-  spans = sorted((e.begin, e.end, name) for name, e in entries.items() if e.end > e.begin)
-  for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
-    if begin < end:
-      raise CheckpointError(f'{file}: tensors {first} and {second} overlap.')
-
-
-def _read_tensor(e: _Entry) -> np.ndarray:
-  dtype = np.dtype(_ST_DTYPES[e.dtype])
-  out = np.empty(e.shape, dtype)  # _header_entry checked that the byte range fits.
-  with open(e.file, 'rb') as fh:
-    fh.seek(e.begin)
-    if fh.readinto(out.reshape(-1).view(np.uint8)) != out.nbytes:
-      raise CheckpointError(f'{e.file}: truncated while reading bytes {e.begin}..{e.end}.')
-  return out
-
-
-def _index_checkpoint(path: pathlib.Path) -> dict[str, _Entry]:
-  """Every tensor's _Entry, from the single file or the index and its shards."""
-  if (path / _SINGLE).is_file():
-    files, weight_map = [path / _SINGLE], None
-  elif (path / _INDEX).is_file():
-    weight_map = _json((path / _INDEX).read_text(), path / _INDEX)['weight_map']
-    files = [path / name for name in sorted(set(weight_map.values()))]
-    missing = [str(f) for f in files if not f.is_file()]
-    if missing:
-      raise CheckpointError(f'{path / _INDEX} points at missing shard files: {missing}.')
-  else:
-    extra = ' (only safetensors are read, not pytorch_model*.bin)' if any(
-        path.glob('pytorch_model*.bin')) else ''
-    raise CheckpointError(f'{path}: no {_SINGLE} or {_INDEX}{extra}.')
-  entries = {}
-  for file in files:
-    for name, e in _read_header(file).items():
-      if name in entries:
-        raise CheckpointError(f'{name} is in both {entries[name].file} and {file}.')
-      entries[name] = e
-  wrong = sorted(n for n, f in (weight_map or {}).items()
-                 if n not in entries or entries[n].file.name != f)
-  if wrong:
-    raise CheckpointError(f'{path / _INDEX}: these tensors are not in the shards it names: {wrong}.')
-  return entries
-
-
-def _check_entries(entries: dict[str, _Entry], tmap, cfg: transformer.ModelConfig, where: str):
+def _check_entries(entries: dict[str, safetensors_io.Entry], tmap, cfg: transformer.ModelConfig, where: str):
   """Raises one CheckpointError listing every name, shape and dtype problem."""
   # Tied checkpoints may still carry lm_head.weight (transformers ties it to the embedding),
   # and older Llama exports carry the rotary buffer.
@@ -326,8 +213,8 @@ def _check_entries(entries: dict[str, _Entry], tmap, cfg: transformer.ModelConfi
     problems.append(f'unexpected tensors: {unexpected}')
   for name in sorted(set(tmap) & set(entries)):
     e, shape = entries[name], tmap[name][1]
-    if e.dtype not in _ST_DTYPES:
-      problems.append(f'{name}: dtype {e.dtype} is not floating (supported: {sorted(_ST_DTYPES)})')
+    if e.dtype not in safetensors_io.DTYPES:
+      problems.append(f'{name}: dtype {e.dtype} is not floating (supported: {sorted(safetensors_io.DTYPES)})')
     elif e.shape != shape:
       problems.append(f'{name}: shape mismatch, expected {list(shape)}, got {list(e.shape)}')
   if problems:
@@ -368,16 +255,16 @@ def load(path, *, shardings=None, mesh=None, rules=None, param_dtype: str = 'flo
     raise CheckpointError(f'checkpoint directory {path} does not exist.')
   if not (path / 'config.json').is_file():
     raise CheckpointError(f'{path / "config.json"} does not exist.')
-  cfg = config_from_hf(_json((path / 'config.json').read_text(), path / 'config.json'),
+  cfg = config_from_hf(safetensors_io.read_json((path / 'config.json').read_text(), path / 'config.json'),
                        param_dtype=param_dtype, compute_dtype=compute_dtype)
-  entries = _index_checkpoint(path)
+  entries = safetensors_io.index_checkpoint(path)
   tmap = _tensor_map(cfg)
   _check_entries(entries, tmap, cfg, str(path))
   targets = _target_shardings(cfg, shardings, mesh, rules)
   abstract = transformer.abstract_params(cfg)
   params = {}
   for name, (ours, _, transpose) in tmap.items():
-    x = _read_tensor(entries[name])
+    x = safetensors_io.read_tensor(entries[name])
     leaf = tree_get(abstract, ours)
     # A view (transposes only permute strides); astype makes the one converted copy.
     x = (x.T if transpose else x).reshape(leaf.shape).astype(leaf.dtype, order='C')
@@ -428,10 +315,10 @@ def save(path, cfg: transformer.ModelConfig, params: transformer.Params, *, dtyp
 
   path = pathlib.Path(path)
   path.mkdir(parents=True, exist_ok=True)
-  for old in [*path.glob('model*.safetensors'), path / _INDEX]:
+  for old in [*path.glob('model*.safetensors'), path / safetensors_io.INDEX]:
     old.unlink(missing_ok=True)  # A stale model.safetensors would shadow a new index.
   (path / 'config.json').write_text(json.dumps(hf_config, indent=2) + '\n')
-  names = ([_SINGLE] if len(shards) == 1 else
+  names = ([safetensors_io.SINGLE] if len(shards) == 1 else
            [f'model-{i + 1:05d}-of-{len(shards):05d}.safetensors' for i in range(len(shards))])
   weight_map = {}
   for file_name, shard in zip(names, shards):
@@ -440,7 +327,7 @@ def save(path, cfg: transformer.ModelConfig, params: transformer.Params, *, dtyp
   if len(shards) > 1:
     total = sum(math.prod(tmap[n][1]) * np_dtype.itemsize for n in weight_map)
     index = {'metadata': {'total_size': total}, 'weight_map': dict(sorted(weight_map.items()))}
-    (path / _INDEX).write_text(json.dumps(index, indent=2) + '\n')
+    (path / safetensors_io.INDEX).write_text(json.dumps(index, indent=2) + '\n')
 
 
 def _check_params(params, tmap, cfg):
@@ -462,7 +349,7 @@ def _write_file(file: pathlib.Path, names, tmap, params, np_dtype: np.dtype):
   for name in names:
     shape = tmap[name][1]
     nbytes = math.prod(shape) * np_dtype.itemsize
-    header[name] = {'dtype': _ST_NAMES[np_dtype], 'shape': list(shape),
+    header[name] = {'dtype': safetensors_io.DTYPE_NAMES[np_dtype], 'shape': list(shape),
                     'data_offsets': [offset, offset + nbytes]}
     offset += nbytes
   raw = json.dumps(header, separators=(',', ':')).encode()

@@ -11,8 +11,8 @@ everything below is our formalisation:
               the question asks 'when' (the event's index) or 'what' (its kind). The gold
               segment is the one holding the event (meta['gold_segment']).
   controller  prompted with the question and a static summary of the whole series, each
-              segment's range (max - min, capped at 9: a coarse view that hints at, but does not
-              show, the event: a dip's segment can look like a plain one), it writes
+              segment's range ('k:r', r = max - min capped at 9: a coarse view that hints at,
+              but does not show, the event: a dip's segment can look like a plain one), it writes
               'seg k\\n'; the environment turns that into the `timeseries` tool's window call
               over [k * width, (k + 1) * width) and runs it (base.run_tool, with the series'
               timestamps, so the tool returns [index, value] pairs). A malformed action or a
@@ -104,9 +104,11 @@ def window(segment: int, width: int) -> dict:
 
 
 def overview(example: example_lib.Example) -> str:
-  """The controller's static summary: each segment's range (max - min), capped at 9."""
+  """The controller's static summary: 'k:r' per segment k, r its range (max - min) capped at
+  9 (the segment's label before its range, as the reasoner's pairs put the index first)."""
   s, w = example.meta['series'], example.meta['width']
-  return ' '.join(str(min(max(s[i:i + w]) - min(s[i:i + w]), 9)) for i in range(0, len(s), w))
+  return ' '.join(f'{k}:{min(max(s[i:i + w]) - min(s[i:i + w]), 9)}'
+                  for k, i in enumerate(range(0, len(s), w)))
 
 
 def controller_prompt(example: example_lib.Example) -> str:
@@ -126,7 +128,8 @@ def longest_prompt(difficulty: int, width: int) -> int:
   n = num_segments(difficulty) * width
   pairs = ' '.join(f'{t}:15' for t in range(n - width, n))
   return max(len(f'rsn when? {pairs}\n'),
-             len(f'ctl when? ranges ' + ' '.join('9' * num_segments(difficulty)) + '\n'))
+             len('ctl when? ranges ' + ' '.join(f'{k}:9' for k in range(num_segments(difficulty)))
+                 + '\n'))
 
 
 def contains(example: example_lib.Example, segment: int) -> bool:

@@ -31,10 +31,10 @@ from rlreason.rl import cea
 from rlreason.rl import checkpoint
 from rlreason.rl import metrics as metrics_lib
 from rlreason.rl import mixed_policy
+from rlreason.rl import partial_rollouts
 from rlreason.rl import monitors
 from rlreason.rl import slate_steps
 from rlreason.rl import soup
-from rlreason.rl import partial_rollouts
 from rlreason.rollout import episodes as episodes_lib
 from rlreason.rollout import rollback as rollback_lib
 from rlreason.rollout import sampler
@@ -66,15 +66,15 @@ def sample_and_verify(run: Run, params, examples, rng, *, step: int, progress: f
     return threads.sample_and_score(run, params, examples, rng, step=step, times=times)
   if run.env is not None:
     return sample_episodes(run, params, examples, rng, step=step, times=times)
+  if run.partial is not None:  # rl.partial_rollouts: whole groups from the carried pool.
+    return partial_rollouts.sample_and_verify(run, params, examples, rng, step=step,
+                                              progress=progress, times=times)
   rl, prompts = run.config.rl, encode_prompts(run, examples)
   with phase(times, 'generate'):
     prefixes = prefix_version = None
     if run.prefix_params is not None:  # From the keep-k buffer of snapshots (rl/soup.py).
       prefixes, prefix_version = soup.buffer_prefixes(run, prompts,
                                                       key=mixed_policy.prefix_key(rng))
-  if run.partial is not None:  # rl.partial_rollouts: whole groups from the carried pool.
-    return partial_rollouts.sample_and_verify(run, params, examples, rng, step=step,
-                                              progress=progress, times=times)
     if run.sample_mesh is not run.mesh:  # The key too must live on the sampling mesh.
       rng = multihost.replicate_key(rng, run.sample_mesh)
     with jax.set_mesh(run.sample_mesh):  # The training mesh unless sample_mesh.kind='host'.

@@ -88,6 +88,13 @@ def test_task_solutions_verify_and_threads_match_the_sequential_solution():
         == 1.0
   assert set(ex.prompt + ex.solution + parallel_sums.threaded_text(ex)) <= set(
       parallel_sums.CHARS)
+  # The SFT teacher: each thread kind as one row, the parent's join block and a worker's
+  # context out of the loss.
+  rows = [parallel_sums.threaded_teacher(ex, np.random.default_rng(i)) for i in range(40)]
+  assert [['<a,b,c>', True], ['[' + ','.join(w for _, w in workers) + ']', False],
+          [ending, True]] in rows
+  for h, w in workers:
+    assert [['<a,b,c>' + h + ':', False], [w, True]] in rows
 
 
 @pytest.fixture(scope='module')

@@ -4,7 +4,7 @@
   python -m rlreason.main --config experiments/prolog_tool.py:single,correctness,1 --workdir ...
   python -m experiments.dynamics.prolog_protocols   # the study: protocols x rewards
 
-arg: '<protocol>,<reward>[,<seed>]' with protocol 'single' | 'multi_try' | 'agentic' (3 tries
+arg: '<protocol>,<reward>[,<seed>]' with protocol 'single' | 'multi_try' | 'agentic' (2 tries
 for the last two) and reward 'correctness' | 'structure' (envs/prolog_protocols.py); 'runlocal'
 is a seconds-long smoke run of 'agentic,structure'.
 
@@ -12,11 +12,11 @@ Task: prolog_arith (envs/prolog_tasks.py) at difficulty 2, four word-problem tem
 numbers below 100, instead of GSM8K: a 2-layer d=64 character model from scratch cannot
 write a GSM8K program (the paper starts from Qwen2.5-3B-Instruct); it can learn to copy a
 problem's numbers into facts. Each turn is a program in <answer>...</answer>, run by
-SWI-Prolog in the sandbox (verifiers/prolog.py). Warm start: 600 SFT steps on
+SWI-Prolog in the sandbox (verifiers/prolog.py). Warm start: 500 SFT steps on
 envs/prolog_traces.py's teacher (half derivations, half hard-coded numbers right half of the
 time, 30% of first tries slipping; under multi_try / agentic the slip is followed by the
 observation and the clean program). RL: GRPO (PPO-clip, token-mean, G = 8, 16 prompts) on the
-final program's reward. Every protocol sizes its rows for 3 tries (so runs compare).
+final program's reward. Rows hold `tries` turns of 112 tokens and the observations between.
 
 Runtime and headline numbers: see experiments/dynamics/prolog_protocols.py (the study
 runs these settings, fewer steps). Nothing here is tuned.
@@ -25,7 +25,7 @@ runs these settings, fewer steps). Nothing here is tuned.
 from rlreason import config as config_lib
 from rlreason.envs import prolog_protocols
 
-TRIES = 3
+TRIES = 2
 
 
 def get_config(arg: str = ''):
@@ -54,8 +54,8 @@ def get_config(arg: str = ''):
   c.env.update(enabled=True, kind='prolog', family='tags', max_turns=TRIES,
                max_turn_tokens=112, max_observation_tokens=48, transcripts=8, workers=4,
                options={'protocol': protocol, 'tries': tries, 'reward': reward})
-  c.rl.max_new_tokens = TRIES * 112 + (TRIES - 1) * 48
-  c.sft.update(steps=600, batch_size=32, lr=3e-3, warmup_steps=20, decay=False,
+  c.rl.max_new_tokens = tries * 112 + (tries - 1) * 48
+  c.sft.update(steps=500, batch_size=32, lr=3e-3, warmup_steps=20, decay=False,
                teacher='rlreason.envs.prolog_traces:prolog_trace',
                teacher_options={'protocol': protocol, 'tries': tries, 'derive_prob': 0.5,
                                 'head_right_prob': 0.5, 'slip_prob': 0.3})

@@ -154,7 +154,7 @@ def test_observations_are_masked_in_episodes():
     ('tries', 0, 'env.options.tries'),
     ('reward', 'semantic', 'env.options.reward'),
     ('temperature', 0.2, 'unknown for env.kind'),
-    ('tries', 4, 'env.max_turns=3 must be >= env.options.tries'),
+    ('tries', 3, 'env.max_turns=2 must be >= env.options.tries'),
 ])
 def test_config_errors_name_the_field(field, value, match):
   c = prolog_tool.get_config('agentic,structure')
@@ -168,3 +168,13 @@ def test_config_errors_name_the_field(field, value, match):
     config_lib.validate(single, num_devices=8)
   with pytest.raises(ValueError, match='env.options.protocol'):
     pp.PrologEnvironment(protocol='agent')
+
+
+def test_the_study_runs_the_experiment_settings():
+  from experiments.dynamics import prolog_protocols as study
+  for protocol, reward in (('single', 'correctness'), ('agentic', 'structure')):
+    ours = study.make_config(protocol, reward, smoke=False).to_dict()
+    theirs = prolog_tool.get_config(f'{protocol},{reward}').to_dict()
+    for section in ('data', 'model', 'tokenizer', 'env', 'sft', 'objective', 'optimizer'):
+      assert ours[section] == theirs[section], section
+    assert ours['rl']['max_new_tokens'] == theirs['rl']['max_new_tokens']

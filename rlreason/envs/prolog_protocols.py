@@ -38,6 +38,7 @@ similarity term (it needs a sentence-embedding model), the teacher (prolog_trace
 
 import collections
 import dataclasses
+import functools
 from typing import Any, Mapping
 
 from rlreason.envs import base
@@ -83,8 +84,10 @@ def answer_text(program: str) -> str:
   return f'{ANSWER_OPEN}{program}{ANSWER_CLOSE}'
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def run_program(turn_text: str, gold: str):
-  """verify_prolog's verdict on one turn: its components ({} for no program or a stopped run)."""
+  """verify_prolog's verdict on one turn: its components ({} for no program or a stopped run).
+  Cached: a group's episodes often write the same program, and a run is one swipl process."""
   return prolog.verify_prolog({'completion': turn_text, 'answer': gold})
 
 

@@ -61,9 +61,10 @@ def default() -> ml_collections.ConfigDict:
       dynamic_sampling=False, max_refill_rounds=2))
   # partial_rollouts (rl/partial_rollouts.py, with sampler='continuous'): a step trains on the
   # first prompts_per_step groups to finish; unfinished rows carry on under the next params,
-  # each token tagged with the version that sampled it. sample_memory_gb > 0: the continuous
-  # sampler's memory estimate must fit it at start-up (0: no check).
-  c.rl.update(partial_rollouts=False, sample_memory_gb=0.0)
+  # each token tagged with the version that sampled it; partial_recompute prefills them again
+  # under the new params (else their old KV cache is kept). sample_memory_gb > 0: the
+  # continuous sampler's memory estimate must fit it at start-up (0: no check).
+  c.rl.update(partial_rollouts=False, partial_recompute=False, sample_memory_gb=0.0)
   # Asynchronous sampling (rl/async_rl.py): '' samples each step with the newest params;
   # 'process' samples in a spawned process up to max_staleness steps ahead (step t's rollout
   # by the params after max(0, t - 1 - max_staleness) steps; 0 is the synchronous loop);

@@ -4,16 +4,22 @@ whole; the train loop resumes bit-exactly with rows in flight; config errors nam
 
 import os
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rlreason import config as config_lib
 from rlreason.model import transformer
+from rlreason.rl import metrics
+from rlreason.rl import partial_rollouts
+from rlreason.rl import train
 from rlreason.rollout import continuous
 from rlreason.rollout import partial
 from rlreason.rollout import sampler
 from rlreason.rollout import sampling
+from tests import train_test
 
 CFG = transformer.ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=1,
                               num_heads=2, num_kv_heads=1, head_dim=16)
@@ -33,13 +39,24 @@ def params():
   return jax.tree.map(lambda x: x * 4 if x.ndim > 1 else x, p)
 
 
+@pytest.fixture(scope='module')
+def same(params):
+  return run_steps(lambda s: params, 4)
+
+
+@pytest.fixture(scope='module')
+def updated(params):  # Step 0 samples with version 0, step 1 with the negated params.
+  other = jax.tree.map(lambda x: -x, params)
+  return run_steps(lambda s: params if s == 0 else other, 2)
+
+
 def batch(i):
   prompts = sampler.prepare_prompts(PROMPTS[i], buckets=(6,))
   rng = jax.random.key(100 + i)
   return prompts, jax.random.key_data(sampling.row_keys(rng, jnp.arange(B * G))), rng
 
 
-def run_steps(params_by_step, steps):
+def run_steps(params_by_step, steps, **extra):
   """start(batch 0), then advance(batch s + 1, version s) for s < steps: the released
   (batch, group) ids per step, rollouts, and the pools after each call (host copies)."""
   prompts, keys, _ = batch(0)
@@ -52,7 +69,7 @@ def run_steps(params_by_step, steps):
     ids = ids[:B] + [(s + 1, 0), (s + 1, 1)]
     rollout, groups_B, stats, pool = partial.advance(
         params_by_step(s), pool, prompts, keys, jnp.asarray(LIMITS[s + 1]), temperature=1.2,
-        version=s, **KW)
+        version=s, **KW, **extra)
     picked = [int(i) for i in groups_B]
     released = [ids[i] for i in picked]
     ids = [x for i, x in enumerate(ids) if i not in picked]
@@ -61,8 +78,8 @@ def run_steps(params_by_step, steps):
   return out
 
 
-def test_with_unchanged_params_carried_rows_sample_what_continuous_batching_does(params):
-  steps = run_steps(lambda s: params, 4)
+def test_with_unchanged_params_carried_rows_sample_what_continuous_batching_does(params, same):
+  steps = same
   reference = {}
   for i in range(5):
     prompts, _, rng = batch(i)
@@ -84,10 +101,7 @@ def test_with_unchanged_params_carried_rows_sample_what_continuous_batching_does
   assert carried > 0  # Rows were cut mid-answer by a release and finished in a later call.
 
 
-def test_carried_tokens_keep_the_version_that_sampled_them(params):
-  other = jax.tree.map(lambda x: -x, params)
-  same = run_steps(lambda s: params, 2)
-  updated = run_steps(lambda s: params if s == 0 else other, 2)
+def test_carried_tokens_keep_the_version_that_sampled_them(same, updated):
   _, _, _, pool, carried_ids = updated[0]  # Out of step 0 (version 0) into step 1 (version 1).
   released, rollout, _, _, _ = updated[1]
   assert released == same[1][0]  # The same groups finish first here.
@@ -113,8 +127,47 @@ def test_carried_tokens_keep_the_version_that_sampled_them(params):
     assert (versions == 1).all() if i == 2 else (versions == 0).any()
 
 
-def test_groups_are_released_whole_and_every_group_once(params):
-  steps = run_steps(lambda s: params, 4)
+def _teacher_forced(params, rollout):
+  tokens, mask = sampler.sequences(rollout)
+  logits = transformer.apply(params, tokens, cfg=CFG, mask_NxT=mask)[0] / 1.2
+  p = rollout.prompts.tokens_BxP.shape[1]
+  lp = jnp.take_along_axis(jax.nn.log_softmax(logits[:, p - 1:-1], -1),
+                           rollout.tokens_NxL[..., None], -1)[..., 0]
+  return np.asarray(jnp.where(rollout.mask_NxL, lp, 0.0))
+
+
+def test_recompute_continues_carried_rows_under_the_new_params_alone(params, same, updated):
+  other = jax.tree.map(lambda x: -x, params)
+  np.testing.assert_array_equal(run_steps(lambda s: params, 2, recompute=True)[1][1].tokens_NxL,
+                                same[1][1].tokens_NxL)  # Unchanged params: nothing changes.
+  checked = {}
+  for recompute in (False, True):
+    steps = updated if not recompute else run_steps(
+        lambda s: params if s == 0 else other, 2, recompute=True)
+    _, _, _, pool, carried_ids = steps[0]
+    released, rollout, _, _, _ = steps[1]
+    new_lp = _teacher_forced(other, rollout)  # Every token's log-prob under the new params.
+    gaps = []
+    for slot in np.flatnonzero(pool['live_S'] & (pool['j_S'] > 0)):
+      row, j0 = int(pool['row_S'][slot]), int(pool['j_S'][slot])
+      if carried_ids[row // G] not in released:
+        continue
+      n = released.index(carried_ids[row // G]) * G + row % G
+      length = int(rollout.lengths_N[n])
+      first_new = j0 if recompute else j0 + 1  # Recomputed: token j0 from the new logits too.
+      np.testing.assert_array_equal(rollout.version_NxL[n, :length],
+                                    np.where(np.arange(length) < first_new, 0, 1))
+      gaps.append(np.abs(rollout.logprobs_NxL[n, first_new:length]
+                         - new_lp[n, first_new:length]))
+    checked[recompute] = np.concatenate(gaps)
+  # With the cache prefilled again, the carried rows' new tokens are the new params' exactly;
+  # on the kept old cache they are not.
+  assert checked[True].size and checked[True].max() < 1e-4
+  assert checked[False].size and checked[False].max() > 1e-2
+
+
+def test_groups_are_released_whole_and_every_group_once(same):
+  steps = same
   seen = [x for released, *_ in steps for x in released]
   assert len(seen) == len(set(seen)) == 4 * B
   for released, rollout, stats, pool, ids in steps:
@@ -126,8 +179,7 @@ def test_groups_are_released_whole_and_every_group_once(params):
     assert int(pool['next_b']) <= B  # and the queue continues behind them.
 
 
-def partial_config(steps=4):
-  from tests import train_test
+def partial_config(steps=2):
   c = train_test.tiny_config(steps=steps)
   c.sft.steps, c.eval.every = 0, 0
   c.rl.update(sampler='continuous', slots=4, partial_rollouts=True)
@@ -135,29 +187,61 @@ def partial_config(steps=4):
 
 
 def test_resume_with_rows_in_flight_is_bit_exact(tmp_path):
-  from tests import train_test
-  from rlreason.rl import metrics
-  from rlreason.rl import train
-  import chex
   straight, _ = train.train(partial_config(), str(tmp_path / 'straight'))
-  train_test.train_preempted_at(2, partial_config(), str(tmp_path / 'resumed'))
+  train_test.train_preempted_at(1, partial_config(), str(tmp_path / 'resumed'))
   saved = tmp_path / 'resumed' / 'partial_rollouts' / 'checkpoints'
-  assert '2' in os.listdir(saved)
+  assert '1' in os.listdir(saved)  # Step 1 left rows in flight (its pool holds 2B groups).
   resumed, _ = train.train(partial_config(), str(tmp_path / 'resumed'))
   chex.assert_trees_all_equal(jax.device_get(resumed.params), jax.device_get(straight.params))
   chex.assert_trees_all_equal(jax.device_get(resumed.opt_state),
                               jax.device_get(straight.opt_state))
   logs = {name: {r['step']: r for r in metrics.read_jsonl(tmp_path / name / 'metrics.jsonl')}
           for name in ('straight', 'resumed')}
-  for step in (3, 4):
-    for key in ('train/reward', 'loss', 'partial/decode_steps', 'offpolicy/staleness/1'):
-      assert logs['resumed'][step][key] == logs['straight'][step][key], (step, key)
+  for key in ('train/reward', 'loss', 'partial/decode_steps', 'offpolicy/staleness/1'):
+    assert logs['resumed'][2][key] == logs['straight'][2][key], key
   # Rows carried over an update: tokens one step (or more) stale were trained on.
   stale = sum(logs['straight'][s].get(f'offpolicy/staleness/{k}', 0)
-              for s in range(1, 5) for k in range(1, 5))
+              for s in (1, 2) for k in range(1, 5))
   assert stale > 0
   # A resume whose pool does not fit the config is refused at start-up, naming the field.
-  c = partial_config(steps=5)
+  c = partial_config(steps=3)
   c.rl.slots = 8
   with pytest.raises(ValueError, match=r'rl\.slots=8 \(the pool was sampled with rl\.slots=4\)'):
     train.train(c, str(tmp_path / 'resumed'))
+
+
+def _config(**rl):
+  c = config_lib.default()
+  c.rl.prompts_per_step, c.rl.group_size, c.rl.max_new_tokens = 4, 2, 8
+  c.data.prompt_buckets = (6,)
+  c.model.arch.vocab_size = 64
+  c.rl.update(sampler='continuous', slots=4, partial_rollouts=True)
+  c.rl.update(rl)
+  return c
+
+
+@pytest.mark.parametrize('overrides, match', [
+    (dict(sampler='static'), r"rl.partial_rollouts .* set rl.sampler='continuous'"),
+    (dict(dynamic_sampling=True), r'rl.dynamic_sampling is not supported'),
+    (dict(sample_memory_gb=-1.0), r'rl.sample_memory_gb=-1.0 must be a number >= 0'),
+    (dict(sampler='static', partial_rollouts=False, sample_memory_gb=1.0),
+     r"rl.sample_memory_gb=1.0 bounds the continuous sampler's slots"),
+])
+def test_config_errors_name_the_field(overrides, match):
+  with pytest.raises(ValueError, match=match):
+    config_lib.validate(_config(**overrides), num_devices=1)
+  c = _config()
+  c.hapo.enabled = True
+  with pytest.raises(ValueError, match='hapo.enabled is not supported'):
+    config_lib.validate(c, num_devices=1)
+
+
+def test_more_slots_than_the_memory_budget_allows_names_rl_slots():
+  # The pool holds 2B groups: rows 2 x 4 x 2 = 16; prompts of the largest bucket (6).
+  kw = dict(rows=16, group_size=2, prompt_len=6, max_new_tokens=8, prefix_len=0,
+            sample_dtype=None)
+  fits = continuous.memory_estimate(CFG, slots=4, **kw)['total']
+  partial_rollouts.check_sample_memory(_config(sample_memory_gb=fits / 2**30), CFG)
+  partial_rollouts.check_sample_memory(_config(sample_memory_gb=0.0), CFG)  # 0: no check.
+  with pytest.raises(ValueError, match=r'rl.slots=4: .*rl.sample_memory_gb=.*at most 2 slots'):
+    partial_rollouts.check_sample_memory(_config(sample_memory_gb=(fits - 1) / 2**30), CFG)

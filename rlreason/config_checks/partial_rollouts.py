@@ -13,6 +13,8 @@ def check_partial_rollouts(c, check) -> None:
         f"rl.sample_memory_gb={gb} bounds the continuous sampler's slots: it needs "
         "rl.sampler='continuous' (or set it to 0).")
   if not rl.get('partial_rollouts', False):
+    check(not rl.get('partial_recompute', False),
+          'rl.partial_recompute re-prefills carried rows: it needs rl.partial_rollouts=True.')
     return
   check(rl.get('sampler', 'static') == 'continuous',
         "rl.partial_rollouts carries unfinished rows of the continuous sampler's slots: set "

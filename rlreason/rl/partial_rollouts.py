@@ -13,8 +13,8 @@ state's), so a resumed run continues every row bit for bit. A checkpoint whose p
 sampled with other shapes (rl.slots, rl.group_size, ...) is refused, naming the field.
 `check_sample_memory` is the start-up check of rl.sample_memory_gb.
 
-Deliberately not here: the device side (rollout/partial.py), recomputing carried caches
-under the new params (they stay as the old params computed them).
+Deliberately not here: the device side (rollout/partial.py: whether carried caches are kept
+or, with rl.partial_recompute, prefilled again under the new params).
 """
 
 import logging
@@ -84,6 +84,7 @@ class PartialRollouts:
                    max_new_tokens=rl.max_new_tokens, greedy=rl.temperature == 0,
                    top_k=rl.top_k, top_p=rl.top_p, stop_tokens=tuple(tok.eos_ids), pad_id=pad_id,
                    sample_dtype=rl.sample_dtype or None)
+    self.recompute = bool(rl.get('partial_recompute', False))
     self.pool, self.examples = None, []
     self.checkpointer = checkpoint.Checkpointer(pathlib.Path(workdir) / 'partial_rollouts',
                                                 keep=config.checkpoint.keep)
@@ -112,7 +113,7 @@ class PartialRollouts:
         self.examples, examples = list(examples), next_batch()
       rollout, groups_B, stats, self.pool = partial.advance(
           params, self.pool, *self._batch(examples, jax.random.fold_in(rng, 1)),
-          temperature=temperature, version=version, **self.kw)
+          temperature=temperature, version=version, recompute=self.recompute, **self.kw)
     pool_examples = self.examples + list(examples)
     picked = set(int(i) for i in jax.device_get(groups_B))
     released = [x for i, x in enumerate(pool_examples) if i in picked]

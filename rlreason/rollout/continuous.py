@@ -37,9 +37,13 @@ al., OSDI 2022), without paging: each slot reserves its row's whole length, so t
 slots x (P + Q + L) columns, read in full at every step (the static sampler's decode chunks
 read fewer; sampler.decode_chunks).
 
+The scheduler's state is a pool of K groups (`new_pool`: the slots' caches, each row's
+tokens, log-probs, sampling versions, random key and limit); `admit_first`, `decode` (until
+`target` groups are done) and `release` (a Rollout of chosen groups) act on it. `generate`
+runs them once over its B prompts; partial.py carries a pool across weight updates.
+
 Deliberately not here: row sharding over devices (with a mesh, rows are replicated and the
-params' sharding is GSPMD's), multi-process sampling, episodes (rollout/episodes.py), partial
-rollouts across weight updates.
+params' sharding is GSPMD's), multi-process sampling, episodes (rollout/episodes.py).
 """
 
 from collections.abc import Sequence

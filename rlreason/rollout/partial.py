@@ -14,13 +14,17 @@ them before its new ones). `start` queues the first batch and admits its first s
 groups, so a run's first step reads two batches and every later step one.
 
 Each sampled token records the version of the params whose logits it was drawn from
-(Rollout.version_NxL): a row may hold tokens of versions t-2 and t-1. The keys and values of
-the tokens a row generated before the update stay as the old params computed them, and its
-first token after the update is drawn from the logits the old params computed; later tokens
-attend to that old cache under the new params. This is Kimi k1.5's partial rollouts (arXiv
-2501.12599, §2.6.2) and AReaL's interruptible generation (arXiv 2505.24298, §4), both of
-which keep the old KV cache; neither is recomputed here. Behaviour log-probs are the ones
-recorded at sampling time; objective.correction weighs the stale tokens.
+(Rollout.version_NxL): a row may hold tokens of versions t-2 and t-1. By default the keys and
+values of the tokens a row generated before the update stay as the old params computed them,
+and its first token after the update is drawn from the logits the old params computed; later
+tokens attend to that old cache under the new params, as PipelineRL's in-flight weight
+updates keep it (arXiv 2509.19128). With recompute=True (rl.partial_recompute) `advance` first prefills every
+carried row again under the new params (its prompt and sampled tokens: one forward of
+slots x (P + M - 1)), so its tokens after the update are the new params' alone: AReaL's
+interruptible rollout workers (arXiv 2505.24298) recompute the cache this way, and Kimi
+k1.5's partial rollouts (arXiv 2501.12599) continue saved segments in a later iteration.
+Behaviour log-probs are the ones recorded at sampling time; objective.correction weighs the
+stale tokens.
 
 The returned groups are the first B to finish: short answers come out earlier, long ones
 later and staler (the length bias of every partial-rollout scheme; the staleness histogram in
@@ -28,7 +32,7 @@ provenance_metrics shows it). A row's random stream is its own (key_data_N), so 
 params throughout, every row samples the tokens continuous.generate would give it.
 
 Deliberately not here: prefixes (prefix_rollouts), the host-side bookkeeping of examples and
-checkpoints (rl/partial_rollouts.py), recomputing carried caches under the new params.
+checkpoints (rl/partial_rollouts.py).
 """
 
 import functools
@@ -36,6 +40,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from rlreason.model import transformer
 from rlreason.rollout import continuous
 from rlreason.structs import Prompts
 
@@ -48,6 +53,7 @@ _ROW_FIELDS = ('tok_NxM', 'lp_NxM', 'blp_NxM', 'version_NxM', 'sampled_N', 'stop
 def start(params, prompts: Prompts, key_data_N, limit_N, *, temperature, version, **kw):
   """A pool of 2B groups: `prompts`' B queued (the first slots // G admitted), B empty."""
   kw.pop('donate', None)
+  kw.pop('recompute', None)
   return _start_fn(**kw)(params, prompts, key_data_N, limit_N,
                          jnp.float32(max(temperature, 1e-6)), jnp.int32(version))
 
@@ -98,7 +104,7 @@ def _start_fn(sample_dtype=None, **kw):
 
 
 @functools.lru_cache(maxsize=8)
-def _advance_fn(sample_dtype=None, donate=True, **kw):
+def _advance_fn(sample_dtype=None, donate=True, recompute=False, **kw):
   kw = _static(**kw)
 
   def run(params, pool, prompts, key_data_N, limit_N, temperature, version):
@@ -106,6 +112,9 @@ def _advance_fn(sample_dtype=None, donate=True, **kw):
     skw = dict(kw, cfg=cfg)
     b = prompts.tokens_BxP.shape[0]
     pool = _queue(pool, prompts, key_data_N, limit_N, pad_id=kw['pad_id'])
+    if recompute:
+      pool = _recompute(params, pool, version, cfg=cfg, group_size=kw['group_size'],
+                        cache_dtype=kw['cache_dtype'])
     t0 = pool['t']
     pool = continuous.decode(params, pool, None, temperature, version, target=b, **skw)
     groups_B = _first_done(pool, b, kw['group_size'])
@@ -128,6 +137,35 @@ def _queue(pool, prompts, key_data_N, limit_N, *, pad_id):
   for name, value in fresh.items():
     tail = b if name in _GROUP_FIELDS else n
     pool[name] = pool[name].at[-tail:].set(value)
+  return pool
+
+
+def _recompute(params, pool, version, *, cfg, group_size, cache_dtype):
+  """Each live slot's cache and next logits prefilled again under `params` (its prompt and
+  the tokens it sampled), so its next tokens are the new params' alone (recompute=True)."""
+  s, width = pool['hist_mask'].shape
+  p = pool['prompt_tokens_KxP'].shape[1]
+  live_S, row_S, j_S = pool['live_S'], pool['row_S'], pool['j_S']
+  k_S = row_S // group_size
+  fed = width - p  # Sampled tokens a slot's cache holds at most (M - 1).
+  tokens_SxW = jnp.concatenate([pool['prompt_tokens_KxP'][k_S],
+                                pool['tok_NxM'][row_S, :fed]], axis=1)
+  mask_SxW = jnp.concatenate([pool['prompt_mask_KxP'][k_S],
+                              jnp.arange(fed)[None] < j_S[:, None]], axis=1)
+  cache = transformer.init_cache(cfg, s, width, cache_dtype)
+  h_SxWxD, cache = transformer.apply(params, tokens_SxW, cfg=cfg, mask_NxT=mask_SxW,
+                                     cache=cache, return_hidden=True)
+  h_SxD = jnp.take_along_axis(h_SxWxD, (p + j_S - 1)[:, None, None], axis=1)
+  logits_SxV = transformer.logits_from_hidden(params, h_SxD, cfg=cfg)[:, 0]
+  pool = dict(pool)
+  pick = lambda new, old: jnp.where(live_S.reshape((s,) + (1,) * (old.ndim - 1)),
+                                    new.astype(old.dtype), old)
+  pool['hist_k'] = tuple(map(pick, cache.keys, pool['hist_k']))
+  pool['hist_v'] = tuple(map(pick, cache.values, pool['hist_v']))
+  pool['hist_mask'] = pick(mask_SxW, pool['hist_mask'])
+  pool['pos_S'] = pick(cache.pos_N, pool['pos_S'])
+  pool['logits_SxV'] = pick(logits_SxV, pool['logits_SxV'])
+  pool['logits_version_S'] = pick(jnp.broadcast_to(version, (s,)), pool['logits_version_S'])
   return pool
 
 

@@ -57,7 +57,7 @@ def test_mixture_proposal_and_demo_counts_by_hand():
 
 
 def test_importance_sampled_partition_is_unbiased_on_an_enumerable_mdp():
-  # 3 actions, 3 steps, a fixed non-uniform policy: E_q[Ẑ] = Z = Σ_τ exp R(τ) over 27 sequences.
+  # 3 actions, 3 steps, a fixed non-uniform policy: E_q[Ẑ] = Z = Σ_τ exp R(τ), 27 sequences.
   rng = np.random.default_rng(0)
   r_HxA = rng.normal(size=(3, 3)).astype(np.float32)
   logits_HxA = rng.normal(size=(3, 3)).astype(np.float32)
@@ -119,3 +119,41 @@ def test_tabular_repirl_ranks_the_experts_actions_first(seed):
   assert m['expert_prob'][0] < 0.05 and m['expert_prob'][-1] > 0.8
   optimal = sum(mdp.reward_SxA[s, a] for s, a in zip(states, expert))
   assert m['true_return'][-10:].mean() > optimal - 0.5 * abs(optimal) - 0.2
+
+
+def test_lm_prm_reads_every_position_and_the_last_equals_the_reward_model():
+  from rlreason.model import transformer
+  from rlreason.rl import repirl
+  from rlreason.rl import reward_model
+  cfg = transformer.ModelConfig(vocab_size=16, hidden_size=32, intermediate_size=64,
+                                num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16)
+  params = transformer.init_params(cfg, jax.random.key(0))
+  head = {'kernel': jax.random.normal(jax.random.key(1), (32, 1)), 'bias': jnp.zeros((1,))}
+  tokens, mask, response = repirl.rows([[3, 4], [5]], [[6, 7, 8], [9]], length=6, pad_id=0)
+  np.testing.assert_array_equal(response, [[0, 0, 1, 1, 1, 0], [0, 1, 0, 0, 0, 0]])
+  r = repirl.token_rewards(params, head, jnp.asarray(tokens), jnp.asarray(mask), cfg=cfg)
+  last = reward_model.sequence_scores(params, head, jnp.asarray(tokens), jnp.asarray(mask),
+                                      cfg=cfg)
+  np.testing.assert_allclose(r[[0, 1], [4, 1]], last, rtol=1e-5, atol=1e-6)
+  # Causal: a position's reward does not see later tokens.
+  changed = tokens.copy()
+  changed[0, 4] = 2
+  r2 = repirl.token_rewards(params, head, jnp.asarray(changed), jnp.asarray(mask), cfg=cfg)
+  np.testing.assert_allclose(r2[0, :4], r[0, :4], rtol=1e-5, atol=1e-6)
+  assert abs(float(r2[0, 4] - r[0, 4])) > 1e-6
+  # log π(tokens[t] | tokens[<t]) from the full logits, by hand.
+  lp = repirl.token_logprobs(params, jnp.asarray(tokens), jnp.asarray(mask), cfg=cfg)
+  logits = transformer.apply(params, jnp.asarray(tokens), cfg=cfg, mask_NxT=jnp.asarray(mask))[0]
+  want = jax.nn.log_softmax(logits[0, 2].astype(jnp.float32))[tokens[0, 3]]
+  np.testing.assert_allclose(lp[0, 3], want, rtol=1e-5)
+  assert float(lp[0, 0]) == 0.0
+
+
+def test_repirl_config_checks_name_the_field():
+  from rlreason import config as config_lib
+  c = config_lib.default()
+  c.repirl.enabled = True
+  c.rl.temperature = 0.7
+  c.repirl.expert_per_prompt = 0
+  with pytest.raises(ValueError, match=r'repirl.expert_per_prompt=0[\s\S]*rl.temperature=0.7'):
+    config_lib.validate(c, num_devices=1)

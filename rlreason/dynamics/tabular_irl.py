@@ -102,8 +102,8 @@ def _sample(next_SxA, logits_HxSxA, key, n: int):
 
 @functools.partial(jax.jit, static_argnames=('horizon', 'iterations', 'mode', 'group_size',
                                              'num_expert', 'prm_steps'))
-def _run(next_SxA, true_SxA, expert_H, key, *, horizon, iterations, mode, group_size, num_expert, prm_steps, prm_lr,
-         policy_lr, alpha, reward_l2):
+def _run(next_SxA, true_SxA, expert_H, key, *, horizon, iterations, mode, group_size, num_expert,
+         prm_steps, prm_lr, policy_lr, alpha, reward_l2):
   h, (s_count, a_count) = horizon, true_SxA.shape
   expert_ExH = jnp.broadcast_to(expert_H, (num_expert, h)).astype(jnp.int32)
   expert_states_ExH = states_of(next_SxA, expert_ExH)
@@ -182,7 +182,7 @@ def run(mdp: MDP, expert_H, seed: int, *, iterations: int, mode: str = 'repirl',
     raise ValueError(f'mode={mode!r}; known: {MODES}.')
   params, metrics = _run(jnp.asarray(mdp.next_SxA, jnp.int32), jnp.asarray(mdp.reward_SxA),
                          jnp.asarray(expert_H, jnp.int32), jax.random.key(seed),
-                         horizon=mdp.horizon, iterations=iterations, mode=mode, group_size=group_size,
-                         num_expert=num_expert, prm_steps=prm_steps, prm_lr=prm_lr,
-                         policy_lr=policy_lr, alpha=alpha, reward_l2=reward_l2)
+                         horizon=mdp.horizon, iterations=iterations, mode=mode,
+                         group_size=group_size, num_expert=num_expert, prm_steps=prm_steps,
+                         prm_lr=prm_lr, policy_lr=policy_lr, alpha=alpha, reward_l2=reward_l2)
   return (jax.tree.map(np.asarray, params), jax.tree.map(np.asarray, metrics))

@@ -62,7 +62,7 @@ def demo_counts(tokens_BxMxL, mask_BxMxL, expert_tokens_BxExL, expert_mask_BxExL
 
 def mixture_log_proposal(policy_logprobs_BxM, demo_counts_BxM, *, num_policy: int,
                          num_expert: int):
-  """log q(τ) of the pooled sample set, q = (G π(τ) + E d(τ)) / (G + E) = (G π + count) / (G+E).
+  """log q(τ) of the pooled samples: q = (G π(τ) + E d(τ)) / (G + E) = (G π + count) / (G + E).
 
   policy_logprobs_BxM: log π(τ_m | x) of every pooled sequence (the policy's and the demos').
   num_expert 0: q = π.
@@ -143,7 +143,7 @@ def maxent_advantages(token_rewards_NxL, logprobs_NxL, mask_NxL, *, group_size: 
 
 
 def maxent_policy_loss(logprobs_NxL, advantages_NxL, mask_NxL):
-  """−Σ A_t log π(a_t) / Σ mask (token mean), and metrics (irl/entropy_proxy = −mean log π)."""
+  """−Σ A_t log π(a_t) / Σ mask (token mean), and metrics (irl/entropy_proxy: −E log π)."""
   m = (jnp.asarray(mask_NxL) > 0).astype(jnp.float32)
   denom = jnp.maximum(jnp.sum(m), 1.0)
   loss = -jnp.sum(_sg(advantages_NxL) * logprobs_NxL * m) / denom

@@ -6,7 +6,7 @@ optional `tokenizer_config.json`, `special_tokens_map.json`,
 `generation_config.json` and `chat_template.jinja` beside it. The `Tokenizer` it
 returns encodes and decodes like `transformers.AutoTokenizer` (v5) does, knows
 the special token ids and the EOS set that ends sampling, and renders chat
-templates with transformers' Jinja2 setup. `pad_left` makes bucketed,
+templates with transformers' Jinja2 setup (model/chat_template.py). `pad_left` makes bucketed,
 left-padded numpy batches of prompts.
 
 Sentencepiece models also follow transformers, not the raw library, in one
@@ -23,7 +23,6 @@ assistant-token masks and tools given as Python callables (pass JSON schemas);
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import functools
 import json
 import os
@@ -32,14 +31,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import jinja2
-import jinja2.ext
-import jinja2.nodes
-import jinja2.sandbox
 import numpy as np
 import sentencepiece as spm
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
+
+from rlreason.model import chat_template as chat_template_lib
 
 # The named special tokens that transformers hands to chat templates.
 SPECIAL_TOKEN_NAMES = ('bos_token', 'eos_token', 'unk_token', 'sep_token', 'pad_token',
@@ -47,8 +44,6 @@ SPECIAL_TOKEN_NAMES = ('bos_token', 'eos_token', 'unk_token', 'sep_token', 'pad_
 QWEN2_PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"""
                            r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
 _QWEN2_CLASSES = (None, 'Qwen2Tokenizer', 'Qwen2TokenizerFast')
-# transformers copies a message's reasoning to all of these keys.
-_REASONING_KEYS = ('reasoning_content', 'thinking', 'reasoning')
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -150,11 +145,10 @@ class Tokenizer:
       raise ValueError('Cannot apply a chat template to an empty conversation.')
     if tools is not None and not all(isinstance(t, Mapping) for t in tools):
       raise TypeError('tools must be JSON-schema dicts; callables are not converted.')
-    template = _compile_template(self._select_template(chat_template, tools))
-    return template.render(
-        messages=[_prepare_message(m) for m in messages], tools=_plain(tools),
-        documents=_plain(documents), add_generation_prompt=add_generation_prompt,
-        **{**self.special_tokens, **_plain(kwargs)})  # kwargs win, as in transformers.
+    return chat_template_lib.render(
+        self._select_template(chat_template, tools), messages=messages, tools=tools,
+        documents=documents, add_generation_prompt=add_generation_prompt,
+        variables={**self.special_tokens, **kwargs})  # kwargs win, as in transformers.
 
   def encode_chat(self, messages: Sequence[Mapping[str, Any]], **kwargs) -> list[int]:
     """`apply_chat_template(...)` then `encode`: the template writes the specials."""
@@ -420,62 +414,3 @@ def _load_sentencepiece(file: Path, config: dict[str, Any]) -> Tokenizer:
 @functools.lru_cache(maxsize=8)
 def _specials_regex(pieces: tuple[str, ...]) -> re.Pattern[str]:
   return re.compile('|'.join(map(re.escape, sorted(pieces, key=len, reverse=True))))
-
-
-# --- Chat templates, rendered in the Jinja environment transformers builds. ---
-
-
-def _plain(x: Any) -> Any:
-  """A fresh copy of JSON-like data, so templates never touch caller objects."""
-  if isinstance(x, Mapping):
-    return {k: _plain(v) for k, v in x.items()}
-  if isinstance(x, list):
-    return [_plain(v) for v in x]
-  if isinstance(x, tuple):
-    return tuple(_plain(v) for v in x)
-  return x.item() if isinstance(x, np.generic) else x
-
-
-def _prepare_message(message: Mapping[str, Any]) -> dict[str, Any]:
-  if not isinstance(message, Mapping):
-    raise TypeError(f'Chat messages must be dicts, got {message!r}.')
-  # Like transformers: drop None values (templates test for missing keys), and
-  # show the reasoning under every name templates read it by.
-  m = {k: _plain(v) for k, v in message.items() if v is not None}
-  reasoning = next((m[k] for k in _REASONING_KEYS if m.get(k) is not None), None)
-  if reasoning is not None:
-    m = {'thinking': reasoning, **m, 'reasoning_content': reasoning}
-  return m
-
-
-def _raise_exception(message: str):
-  raise jinja2.exceptions.TemplateError(message)
-
-
-def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
-  # Jinja's own tojson escapes HTML characters, which chat templates must not.
-  return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                    sort_keys=sort_keys)
-
-
-class _GenerationTag(jinja2.ext.Extension):
-  """Parses `{% generation %}` (transformers' assistant-mask marker); renders its body."""
-  tags = {'generation'}
-
-  def parse(self, parser):
-    lineno = next(parser.stream).lineno
-    body = parser.parse_statements(('name:endgeneration',), drop_needle=True)
-    return jinja2.nodes.CallBlock(self.call_method('_body'), [], [], body).set_lineno(lineno)
-
-  def _body(self, caller):
-    return caller()
-
-
-@functools.lru_cache(maxsize=32)
-def _compile_template(template: str) -> jinja2.Template:
-  env = jinja2.sandbox.ImmutableSandboxedEnvironment(  # Templates are untrusted code.
-      trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols])
-  env.filters['tojson'] = _tojson
-  env.globals.update(raise_exception=_raise_exception,
-                     strftime_now=lambda fmt: datetime.datetime.now().strftime(fmt))
-  return env.from_string(template)

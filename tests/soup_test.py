@@ -143,3 +143,22 @@ def test_keep_needs_refresh_and_positive_decay():
     config_lib.validate(c, num_devices=1)
   assert 'prefix_rollouts.keep=3' in str(e.value) and 'prefix_rollouts.age_decay=0.0' in str(
       e.value)
+
+
+def test_refresh_saves_and_restore_rebuilds_the_buffer(tmp_path):
+  """keep = 2, a snapshot every 2 steps: after step 6 the buffer is {6, 4}; a resumed run
+  restores the same steps and parameters from prefix_policy/ (step 0 is the warm start)."""
+  params = lambda v: {'w': jnp.full((3,), v, jnp.float32)}
+  run = make_run([(0, params(0.0))], keep=2)
+  run.workdir = tmp_path
+  for step in range(1, 7):
+    soup.refresh(run, params(float(step)), step)
+  assert [s for s, _ in soup.snapshots(run)] == [6, 4]
+  resumed = make_run([(0, None)], keep=2)
+  resumed.workdir = tmp_path
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params(0.0))
+  soup.restore_buffer(resumed, abstract, 7, params(0.0))
+  got = [(s, np.asarray(p['w']).tolist()) for s, p in soup.snapshots(resumed)]
+  assert got == [(6, [6.0] * 3), (4, [4.0] * 3)]
+  soup.restore_buffer(resumed, abstract, 3, params(0.0))  # {2, 0}: 0 is the warm start.
+  assert [(s, float(p['w'][0])) for s, p in soup.snapshots(resumed)] == [(2, 2.0), (0, 0.0)]

@@ -5,13 +5,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rlreason.dynamics import group_problems as gp
 from rlreason.dynamics import toy_lm as dl
 from rlreason.model import transformer
 from rlreason.tasks import group_composition
 
 # Jitted once per shape (and kept in the suite's persistent cache): eager dispatch of these
 # small scans and reductions costs seconds on a shared 2-core machine.
-_make_problems = jax.jit(dl.make_problems, static_argnums=0)
+_make_problems = jax.jit(gp.make_problems, static_argnums=0)
 _advantages = jax.jit(dl.token_advantages, static_argnums=(0,))
 
 
@@ -40,10 +41,10 @@ def test_problems_match_generated_examples():
     elements.append([index[e] for e in ex.meta['elements']] + [0] * (4 - k))
     answers.append(index[ex.answer])
   problems = _make_problems(task, jnp.asarray(ks), jnp.asarray(elements))
-  np.testing.assert_array_equal(dl.answers_B(problems), answers)
+  np.testing.assert_array_equal(gp.answers_B(problems), answers)
   # Register g_1..g_k, blanks, then the identity as s_0.
   np.testing.assert_array_equal(
-      problems.tokens_BxP[1], [elements[1][0] + 2, elements[1][1] + 2, dl.BLANK, dl.BLANK,
+      problems.tokens_BxP[1], [elements[1][0] + 2, elements[1][1] + 2, gp.BLANK, gp.BLANK,
                                task.identity + 2])
 
 

@@ -11,8 +11,8 @@ right with probability `head_right_prob`, else with one digit changed. Either pr
 comes out, with probability `slip_prob`, with the facts left out of solve/1's body
 ("solve(X) :- {X = A+B}.": X stays unbound, no number; a hard-coded slip drops the number's
 final period, a syntax error). Under 'multi_try' or 'agentic' with tries >= 2 the slip is
-followed by the environment's observation (RETRY, or what running it gave, computed by the
-environment's own functions) and the clean program; under 'single' the slip is the episode.
+followed by the environment's observation (RETRY, or what running it gives: SLIP_OBSERVATIONS,
+checked against the environment by the tests) and the clean program; under 'single' the slip is the episode.
 
 Correctness-only RL has a reason to prefer derivations only where hard-coded numbers are
 wrong; the structure reward prefers them always: that is the study's trade-off
@@ -23,6 +23,10 @@ from rlreason.envs import prolog_protocols
 from rlreason.envs import prolog_tasks
 from rlreason.envs import render
 from rlreason.tasks import example as example_lib
+
+
+# The agentic observation of a slip: hard-coded (no final period), derivation (X unbound).
+SLIP_OBSERVATIONS = {False: 'syntax error; no solve/1', True: 'X unbound'}
 
 
 def _head_number(answer: str, rng, right_prob: float) -> str:
@@ -65,9 +69,10 @@ def prolog_trace(example: example_lib.Example, rng, *, protocol: str = 'single',
   slip = prolog_protocols.answer_text(_slipped(program))
   if tries == 1:
     return [[slip, True]]
-  step = env.step(env.reset(example), slip)
-  if step.done:
-    raise ValueError(f'prolog_trace: the slip {slip!r} gave a number')
-  observation = step.observation  # RETRY or what running the slip gave, as the env says.
+  # What the environment answers (tests/prolog_episodes_test.py replays the traces in it);
+  # written out rather than run, so that SFT batches start no swipl process.
+  derivation = program.startswith(tuple(f'{name}(' for name, _ in example.meta['facts']))
+  observation = (prolog_protocols.RETRY if env.protocol == 'multi_try' else
+                 SLIP_OBSERVATIONS[derivation])
   return [[slip, True], [f'{render.RESULT_OPEN}{observation}{render.RESULT_CLOSE}', False],
           [prolog_protocols.answer_text(program), True]]

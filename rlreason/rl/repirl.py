@@ -158,6 +158,8 @@ def _train(run, config, workdir):
             {**prm_metrics, **pol_metrics})
 
   eval_metrics = {}
+  if config.eval.every:  # After the warm start: the baseline rePIRL starts from.
+    writer.write(0, evaluate_policy(run, params, run.eval_rng, step=0))
   for step in range(1, rl.steps + 1):
     key = jax.random.fold_in(run.root_rng, step)
     examples = next(run.data_iter)

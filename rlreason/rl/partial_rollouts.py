@@ -78,6 +78,9 @@ class PartialRollouts:
 
   def __init__(self, config, cfg, *, tok, pad_id: int, sample_mesh, workdir):
     rl = config.rl
+    if jax.process_count() > 1:
+      raise ValueError('rl.partial_rollouts keeps its pool in one process (as rl.sampler='
+                       "'continuous' samples); turn it off on several hosts.")
     self.config, self.tok, self.sample_mesh = config, tok, sample_mesh
     self.prompt_len = max(config.data.prompt_buckets)
     self.kw = dict(cfg=cfg, group_size=rl.group_size, slots=rl.slots,

@@ -13,6 +13,7 @@ after a row's end are padding (mask 0) in both. The first losses and gradients a
 agree before anything is timed.
 
   python -m experiments.bench.forward --configs small,mid --steps 5 --warmup 2 [--threads N]
+  python -m experiments.bench.forward --configs mid --dtype both   # + the bf16 line
 
 `--threads N` (default: os.cpu_count()) confines the process to N cores before JAX creates
 its backend (XLA sizes its CPU thread pool from the cores it may run on, and cannot use
@@ -328,9 +329,9 @@ def _max_rel_diff(a, b) -> tuple[float, str]:
   return max(jax.tree.leaves(diffs, is_leaf=lambda x: isinstance(x, tuple)))
 
 
-def bench_config(bc: BenchConfig, args) -> list[Result]:
+def bench_config(bc: BenchConfig, args, dtype: str) -> list[Result]:
   import torch  # pylint: disable=g-import-not-at-top
-  cfg = bc.model_config(args.dtype)
+  cfg = bc.model_config(dtype)
   arrays = make_batch(bc)
   net = build_torch_model(bc, args.torch_attn)
   params = params_from_torch(net.state_dict(), cfg)
@@ -339,7 +340,7 @@ def bench_config(bc: BenchConfig, args) -> list[Result]:
   torch_opt = torch.optim.AdamW(net.parameters(), lr=LR, betas=BETAS, eps=EPS,
                                 weight_decay=WEIGHT_DECAY, **impl[args.torch_adamw])
   torch_step, torch_loss = make_torch_step(net, torch_opt, arrays, batch.old_logprobs_NxL,
-                                           batch.advantages_NxL, bc, args.dtype)
+                                           batch.advantages_NxL, bc, dtype)
 
   # Same weights, same batch: losses and gradients must agree before timing.
   l_jax, g_jax = jax_loss_and_grad(params, batch, objective, cfg)
@@ -353,7 +354,7 @@ def bench_config(bc: BenchConfig, args) -> list[Result]:
   print(f'[{bc.name}] initial loss jax={l_jax:.6f} torch={l_torch:.6f} '
         f'|diff|={abs(l_jax - l_torch):.1e}; grads max rel diff {g_diff:.1e} at {g_where}',
         flush=True)
-  loss_tol, grad_tol = (args.loss_tol, 1e-4) if args.dtype == 'float32' else (5e-2, 1e-1)
+  loss_tol, grad_tol = (args.loss_tol, 1e-4) if dtype == 'float32' else (5e-2, 1e-1)
   if abs(l_jax - l_torch) > loss_tol or g_diff > grad_tol:
     raise SystemExit(f'[{bc.name}] jax and torch disagree (loss tol {loss_tol}, grad tol '
                      f'{grad_tol}): not the same computation')
@@ -375,11 +376,12 @@ def bench_config(bc: BenchConfig, args) -> list[Result]:
   skipped = int(box['state'].skipped)
   if skipped:
     raise SystemExit(f'[{bc.name}] train_step skipped {skipped} non-finite updates')
-  notes = {'jax': f'{args.dtype} update.train_step',
-           'torch': f'{args.dtype} {args.torch_attn} adamw={args.torch_adamw}'}
+  notes = {'jax': f'{dtype} update.train_step',
+           'torch': f'{dtype} {args.torch_attn} adamw={args.torch_adamw}'}
   results = []
   for fw, t in times.items():
-    results.append(Result(bc.name, fw, t, bc.batch * bc.seq, bc.flops(), notes[fw]))
+    name = bc.name if dtype == 'float32' else f'{bc.name}/bf16'
+    results.append(Result(name, fw, t, bc.batch * bc.seq, bc.flops(), notes[fw]))
     print(f'[{bc.name}] {fw} step {t:.3f}s', flush=True)
   return results
 
@@ -390,13 +392,13 @@ def print_table(results: list[Result], peaks: dict[str, float], threads: int):
         f'torch {peaks["torch"]:.1f} GFLOP/s (MFU vs {peak:.1f}); threads {threads} '
         f'(cores {sorted(os.sched_getaffinity(0))} of {os.cpu_count()}); '
         f'load average {" ".join(f"{x:.2f}" for x in os.getloadavg())}')
-  header = (f'{"config":<7} {"framework":<9} {"step_s":>8} {"tokens/s":>9} '
+  header = (f'{"config":<10} {"framework":<9} {"step_s":>8} {"tokens/s":>9} '
             f'{"GFLOP/s":>8} {"MFU":>6}  note')
   print(header)
   print('-' * len(header))
   for r in results:
     gflops = r.flops / r.step_s / 1e9
-    print(f'{r.config:<7} {r.framework:<9} {r.step_s:>8.3f} {r.tokens / r.step_s:>9.0f} '
+    print(f'{r.config:<10} {r.framework:<9} {r.step_s:>8.3f} {r.tokens / r.step_s:>9.0f} '
           f'{gflops:>8.1f} {gflops / peak:>6.1%}  {r.note}')
 
 
@@ -405,8 +407,9 @@ def main(argv=None):
   parser.add_argument('--configs', default='small,mid', help='comma-separated: small, mid')
   parser.add_argument('--steps', type=int, default=5, help='timed steps per framework')
   parser.add_argument('--warmup', type=int, default=2, help='untimed steps first')
-  parser.add_argument('--dtype', default='float32', choices=('float32', 'bfloat16'),
-                      help='compute dtype (params stay fp32); torch uses autocast for bf16')
+  parser.add_argument('--dtype', default='float32', choices=('float32', 'bfloat16', 'both'),
+                      help='compute dtype (params stay fp32; torch uses autocast for bf16); '
+                           "'both' runs fp32 then bf16 and prints both final lines")
   parser.add_argument('--torch_attn', default='sdpa', choices=('sdpa', 'eager'))
   parser.add_argument('--torch_adamw', default='fused', choices=('fused', 'foreach', 'loop'),
                       help="torch AdamW kernel ('loop' is torch's CPU default)")
@@ -427,12 +430,17 @@ def main(argv=None):
         f'threads {args.threads}, XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r}', flush=True)
   peaks = matmul_peaks()
   results = []
-  for name in args.configs.split(','):
-    results += bench_config(CONFIGS[name], args)
+  dtypes = ('float32', 'bfloat16') if args.dtype == 'both' else (args.dtype,)
+  for dtype in dtypes:
+    for name in args.configs.split(','):
+      results += bench_config(CONFIGS[name], args, dtype)
   print_table(results, peaks, args.threads)
   by = {(r.config, r.framework): r.step_s for r in results}
-  if ('mid', 'jax') in by and ('mid', 'torch') in by:
-    print(f'train_step_speedup_vs_torch={by["mid", "torch"] / by["mid", "jax"]:.3f}')
+  for config, line in (('mid', 'train_step_speedup_vs_torch'),
+                       ('mid/bf16', 'train_step_bf16_speedup_vs_torch')):
+    if (config, 'jax') in by and (config, 'torch') in by:  # Mixed precision: bf16 compute,
+      # fp32 master weights and log-softmax, against torch.autocast(bfloat16).
+      print(f'{line}={by[config, "torch"] / by[config, "jax"]:.3f}')
 
 
 if __name__ == '__main__':

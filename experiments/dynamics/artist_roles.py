@@ -27,9 +27,28 @@ the same held-out problems x 8 episodes at T = 1, after SFT and every eval.every
 segment-selection accuracy, the reasoner's accuracy on the segment it saw, and answer
 accuracy (the episode's success).
 
-Runtime: see Result.
+Runtime: full run 242 s CPU (SFT ~150 s, each arm ~45 s), 20 min wall at load 20-30 on the
+shared 2-core machine; smoke (the notebook's): see tests/colab_test.py.
 
-Result: not measured yet.
+Result: (full run, one seed, 2026-12-02; 64 held-out problems x 8 episodes per point)
+* The warm start did not teach segment selection: after 1000 SFT steps the controller picks
+  about uniformly, 0.180 (chance 1/6 = 0.167; its teacher picked the gold segment half the
+  time; a first run with an unlabelled range summary gave 0.197). The reasoner is right for
+  the segment it sees 0.462 of the time (its teacher 0.7); answer accuracy 0.150.
+* GRPO did not move segment selection in either arm in 40 steps (roles 0.174, episode 0.170):
+  the controller's per-role reward (the segment holds the event, hit 1 time in 6) found
+  nothing in the model to reinforce.
+* Each credit scheme found a shortcut in the reasoner. Per-role credit ('roles': the reasoner
+  rewarded for being right about the segment it was shown) taught it to answer 'none', right
+  5 times in 6 behind a chance controller: reasoner accuracy 0.462 -> 0.846, answer accuracy
+  0.150 -> 0.021. The shared episode reward ('episode', plain GRPO) taught it to name a kind
+  whatever it sees (half the 'what' questions are right without evidence): answer accuracy
+  0.150 -> 0.311, reasoner accuracy 0.462 -> 0.071.
+* So the paper's claim (hierarchical optimisation improves both selection and answering)
+  does not show at this scale: roles_minus_episode_answer=-0.289. What shows is the credit
+  design's incentive: a role's local reward is only as good as the role upstream of it.
+  Not run: a warm start that teaches selection (more SFT steps, a better teacher), or the
+  reasoner's role trained on gold-segment rows only until the controller is better than chance.
 """
 
 import tempfile
@@ -145,6 +164,8 @@ def figure(results):
                               'answer accuracy (episode success)')):
     ax.set_xlabel('GRPO step (0 = after SFT)')
     ax.set_title(title)
+    ax.set_ylim(0, 1)
+  axes[0].axhline(1 / 6, color='grey', linestyle=':', label='chance (6 segments)')
   axes[0].legend()
   fig.tight_layout()
   return fig

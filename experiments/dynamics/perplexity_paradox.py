@@ -28,8 +28,9 @@ machine (2026-12-02); smoke (the notebook's) 23 s CPU from the command line.
 
 Result: (full run, seed 13, one run; 64 held-out problems)
 * The true reward works: greedy accuracy 0.391 after SFT -> 1.000 by step 20. The coin flip
-  does damage: 0.391 -> about 0.17 (step 10, from the figure) -> 0.016 (step 30). Random-reward GRPO here is not
-  neutral: the policy drifts away from the warm start's partly right answers.
+  does damage: 0.391 -> about 0.17 (step 10, read off the figure) -> 0.016 (step 30).
+  Random-reward GRPO here is not neutral: the policy drifts away from the warm start's partly
+  right answers.
 * Answer perplexity does not fall under the spurious reward: the policy's own greedy answers go
   1.025 -> 1.052 (less sure, not more), the gold solutions 1.134 -> 1.768; under the true
   reward 1.025 -> 1.021 and 1.134 -> 1.021. So the paradox's first half does not show at this
@@ -57,8 +58,8 @@ import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 
-from experiments import demo
 from experiments import dynamics as studies
+from rlreason import config as config_lib
 from rlreason.analysis import logit_lens
 from rlreason.analysis import patching
 from rlreason.analysis import perplexity
@@ -71,17 +72,27 @@ from rlreason.rollout import sampler
 from rlreason.tasks import data
 
 NOTEBOOK = '20_perplexity_paradox'
-ARMS = ('true', 'spurious')
 
 
 def make_config(smoke: bool):
-  """The demo's settings, smaller (module docstring); seconds-long if `smoke`."""
-  c = demo.get_config('')
+  """experiments/demo.py's task and recipe, smaller (module docstring); seconds-long if
+  `smoke`. Written out rather than imported: the notebook uses the public API only."""
+  c = config_lib.default()
   c.seed = 13
-  c.data.difficulty = 3
-  c.data.prompt_buckets = (12,)
-  c.model.arch.update(hidden_size=64, intermediate_size=192, num_layers=2, num_heads=4,
-                      num_kv_heads=4, head_dim=16)
+  c.data.update(task='arithmetic', difficulty=3, prompt_buckets=(12,),
+                task_options={'layout': 'columns', 'final_answer': False})
+  c.model.arch = dict(vocab_size=0, hidden_size=64, intermediate_size=192, num_layers=2,
+                      num_heads=4, num_kv_heads=4, head_dim=16, qkv_bias=False, qk_norm=False,
+                      tie_embeddings=False, family='qwen2', rope_theta=10_000.0)
+  c.tokenizer.kind = 'chars'
+  c.sft.update(grad_clip=1.0, decay=False, teacher='rlreason.tasks.arithmetic:flawed_solution',
+               teacher_options={'drop_carry_prob': 0.75})
+  c.rl.temperature = 1.0
+  c.objective.update(advantage='grpo', policy_loss='ppo_clip', aggregation='token_mean')
+  c.optimizer.grad_clip = 1.0
+  c.verifier.update(name='rlreason.tasks.arithmetic:verify_carry_chain', deadline_s=30.0,
+                    workers=1)
+  c.mesh = dict(data=1, fsdp=-1, tensor=1)
   c.sft.update(steps=400, batch_size=64, lr=3e-3, warmup_steps=20)
   c.rl.update(steps=30, prompts_per_step=16, group_size=8, max_new_tokens=12)
   c.optimizer.lr = 2e-4
@@ -177,7 +188,7 @@ def simulate(smoke: bool) -> dict:
   eval_rng, results = jax.random.key(1234), {}
   warm_eval = evaluate(run, run.policy(warm_state.params), eval_rng)
   verifier_score, spurious_score = coin_flip_rewards(run, seed=c.seed)
-  for arm in ARMS:
+  for arm in ('true', 'spurious'):
     run.pool.score = spurious_score if arm == 'spurious' else verifier_score
     run.data_iter = prompt_schedule.UniformSchedule(iter(data.batched(data.synthetic_stream(
         c.data.task, seed=c.seed, difficulty=c.data.difficulty,

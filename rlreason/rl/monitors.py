@@ -33,6 +33,19 @@ thresholds (0 turns one off). An alarm counts when it held `patience` steps in a
 Thresholds, alarm names and the trend rule are our formalisation [F]; RARL names the failure,
 not a detector.
 
+Measured (2026-12-02, seed 13; study 20's small setting of the demo task: difficulty 3,
+2 layers, d = 64, 12 answer tokens): a pointwise RM trained by experiments/reward_model.py
+(512 problems, 300 steps; held-out accuracy 0.904, pair accuracy 0.970), then SFT 400 steps
+and 50 GRPO steps on the RM alone (reward_model.weight=1, verifier_weight=0) with
+monitors.enabled, stop='warn', max_disagreement=0.3, the other thresholds at their defaults.
+The RM reward went 0.40 -> 0.91 while the verifier's accuracy on the batch went 0.34 -> 0.02
+and greedy pass@1 0.391 (warm start) -> 0.461 (step 20) -> 0.117 (30) -> 0.031 (50): hacked.
+The disagreement alarm fired first at step 19 (0.445; patience 2), the trend alarm at step 20
+(reward +0.129 over 10 steps, audit -0.274); with stop='stop' the run ends at step 19 with its
+checkpoint, before the collapse. Completion lengths stayed at 12 tokens (the answer's fixed
+length), so the length monitor saw nothing here. 73 s CPU for the RL run (10.6 min wall at
+load ~25), 32 s for the RM.
+
 Deliberately not here: acting on alarms (train.py warns or stops, saving a checkpoint first).
 """
 

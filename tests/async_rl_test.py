@@ -1,22 +1,23 @@
 """Asynchronous sampling (rl/async_rl.py): the schedule, staleness 0 in a sampler process
 equals the synchronous loop bit for bit, N steps = N/2 + resume + N/2 with rollouts in
-flight, a resume with another staleness is refused, a dead sampler is a named error."""
+flight, a resume with another staleness is refused, a dead sampler process is a named error."""
 
 import os
+import queue
 import signal
 
 import chex
 import jax
-import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import pytest
 
 from rlreason import config as config_lib
 from rlreason.model import transformer
 from rlreason.rl import async_rl
+from rlreason.rl import checkpoint
 from rlreason.rl import metrics
 from rlreason.rl import train
-from rlreason.structs import Prompts
 
 from train_test import tiny_config, train_preempted_at
 
@@ -27,9 +28,17 @@ def async_config(mode='', k=0, steps=2):
   c = tiny_config(steps=steps)
   c.verifier.name = 'overlong'
   c.overlong.cache_len = c.rl.max_new_tokens
-  c.eval.every = 0
+  c.eval.every = c.checkpoint.every = 0  # The last step (or a preempted one) still saves.
+  c.sft.steps = 0  # RL from the random init: the rewards vary anyway.
   c.rl.async_mode, c.rl.max_staleness = mode, k
   return c
+
+
+def tiny_spec():
+  cfg = transformer.ModelConfig(vocab_size=16, hidden_size=16, intermediate_size=32,
+                                num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8)
+  return async_rl.Spec(rl=ml_collections.ConfigDict(config_lib.default().rl.to_dict()),
+                       cfg=cfg, mesh=dict(data=1, fsdp=-1, tensor=1), stop_tokens=(1,), pad_id=0)
 
 
 def params_of(state):
@@ -65,11 +74,12 @@ def test_resume_with_rollouts_in_flight_is_exact(tmp_path):
   saved = async_rl.inflight_path(tmp_path / 'resumed', 2)
   k, inflight = async_rl.read_inflight(saved)
   assert k == 1 and list(inflight) == [3]
-  for other, field in ((async_config('inline', 2, steps=4), 'rl.max_staleness'),
-                       (async_config('', 0, steps=4), "rl.async_mode=''")):
-    with pytest.raises(ValueError, match='rl.max_staleness') as e:
-      train.train(other, str(tmp_path / 'resumed'))
-    assert field in str(e.value)
+  saved_config = checkpoint.Checkpointer(tmp_path / 'resumed').saved_config()
+  for other, hint in ((async_config('inline', 2, steps=4), 'rl.max_staleness=1 and'),
+                      (async_config('', 0, steps=4), "rl.async_mode 'process' or 'inline'")):
+    with pytest.raises(ValueError, match='rl.max_staleness: the checkpoint at step 2') as e:
+      async_rl.check_resume(other, saved_config, step=2, workdir=tmp_path / 'resumed')
+    assert hint in str(e.value)
   resumed, _ = train.train(async_config('inline', 1, steps=4), str(tmp_path / 'resumed'))
   chex.assert_trees_all_equal(params_of(resumed), params_of(straight))
   chex.assert_trees_all_equal(jax.device_get(resumed.opt_state),
@@ -86,29 +96,27 @@ def test_resume_with_rollouts_in_flight_is_exact(tmp_path):
 
 
 def test_a_dead_sampler_process_is_a_named_error():
-  cfg = transformer.ModelConfig(vocab_size=16, hidden_size=16, intermediate_size=32,
-                                num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8)
-  rl = ml_collections.ConfigDict(config_lib.default().rl.to_dict())
-  rl.update(group_size=2, max_new_tokens=2)
-  spec = async_rl.Spec(rl=rl, cfg=cfg, mesh=dict(data=1, fsdp=-1, tensor=1),
-                       stop_tokens=(1,), pad_id=0)
-  sampler = async_rl.ProcessSampler(spec, timeout_s=120.0)
+  sampler = async_rl.ProcessSampler(tiny_spec(), timeout_s=120.0)
   try:
-    prompts = Prompts(tokens_BxP=jnp.ones((1, 4), jnp.int32), mask_BxP=jnp.ones((1, 4), bool))
-    # Step 1 without params: the sampler reports its exception, then exits.
-    sampler.submit(1, None, prompts, jax.random.key(0))
-    with pytest.raises(async_rl.SamplerError, match='failed at step 1'):
+    os.kill(sampler.process.pid, signal.SIGKILL)  # Dies while it starts: cheap, and certain.
+    # The learner's wait ends at once with the process named (a hang would end in the
+    # 120 s timeout's message instead).
+    with pytest.raises(async_rl.SamplerError, match=r'sampler process \(pid \d+\) exited '
+                       r'with code -9 before sending step 1'):
       sampler.result(1)
-    sampler.process.join(timeout=60)
-    # Its process is gone: waiting for another step fails at once, naming it (a hang would
-    # end in the 120 s timeout's message instead).
-    with pytest.raises(async_rl.SamplerError, match=r'exited with code -?\d+ before sending '
-                       'step 2'):
-      sampler.result(2)
   finally:
-    if sampler.process.is_alive():
-      os.kill(sampler.process.pid, signal.SIGKILL)
     sampler.close()
+
+
+def test_the_sampler_reports_its_exception_with_the_step():
+  # _serve in this process: step 1 arrives before any params, so sampling fails; the
+  # learner's side (ProcessSampler.result) turns the report into a SamplerError.
+  requests, results = queue.Queue(), queue.Queue()
+  tokens = np.ones((1, 4), np.int32)
+  requests.put((1, None, (tokens, tokens > 0), np.asarray(jax.random.key_data(jax.random.key(0)))))
+  async_rl._serve(requests, results, tiny_spec())
+  step, report = results.get_nowait()
+  assert step == 1 and report.startswith('Traceback') and results.empty()
 
 
 @pytest.mark.parametrize('field, value, match', [

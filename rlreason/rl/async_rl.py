@@ -329,8 +329,8 @@ def check_resume(config, saved_config: dict | None, *, step: int, workdir) -> di
         f'rl.max_staleness: the checkpoint at step {step} in {workdir} was written with '
         f'staleness {saved_k} ({len(inflight)} rollouts in flight), this run asks for {k} '
         f"(rl.async_mode={config.rl.async_mode!r}, rl.max_staleness={config.rl.max_staleness});"
-        f' resume with rl.max_staleness={saved_k}'
-        f"{'' if saved_k else ' or rl.async_mode=' + repr('')}.")
+        + (f" resume with rl.max_staleness={saved_k} and rl.async_mode 'process' or 'inline'."
+           if saved_k else " resume with rl.async_mode='' (or rl.max_staleness=0)."))
   expected = set(range(step + 1, min(step + k, config.rl.steps) + 1))
   if set(inflight) != expected:
     raise ValueError(f'rl.steps: the in-flight rollouts saved at step {step} are for steps '

@@ -1,0 +1,113 @@
+"""Synchronous against asynchronous RL on the `make demo` task, sampler and learner on one CPU
+core each, same run.
+
+  python -m experiments.bench.async_rl                 # the demo (seed 0), ~10-15 min
+  python -m experiments.bench.async_rl --smoke         # the runlocal model, 4 RL steps
+
+Two arms of `python -m rlreason.main --config experiments/demo.py:<seed>`, run one after the
+other, each with XLA:CPU single-threaded (--xla_cpu_multi_thread_eigen=false):
+
+  sync   the default loop, its process pinned to CPU 0: SFT warm start, then rl.steps steps.
+  async  from a copy of the sync arm's warm start (its step-0 checkpoint), rl.async_mode=
+         'process' with rl.max_staleness (1): the learner pinned to CPU 0, the spawned
+         sampler to CPU 1 (rl.sampler_cpus); the sampler samples step t+1 while the learner
+         verifies and trains step t.
+
+Evaluation only at the last step and no checkpoint before it (eval.every = rl.steps,
+checkpoint.every = 0), so the timed steps are RL steps alone. Steps per second: (n - 1) / the
+sum of time/step_s over steps 2..n (step 1 compiles). Final accuracy: eval/pass@1 (greedy,
+eval.num_prompts held-out problems) after the last step. Columns: steps, steps/s, mean
+seconds per step, of which waiting for the sampler (time/sample_s: in async the wait plus
+verification), the update (time/update_s), final pass@1. Final line:
+async_speedup=<async steps/s ÷ sync steps/s>. Target (issue #19): >= 1.3 with final accuracy
+within 0.02 of sync.
+
+Measured: not yet on a quiet machine (the smoke only, under load: its timing means nothing).
+
+Deliberately not here: more than two cores, staleness sweeps (--staleness takes one value),
+several seeds.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+ONE_THREAD = '--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1'
+
+
+def arm_command(config: str, workdir: pathlib.Path, steps: int, overrides=()) -> list[str]:
+  return [sys.executable, '-m', 'rlreason.main', '--config', config, '--workdir', str(workdir),
+          f'--config.rl.steps={steps}', f'--config.eval.every={steps}',
+          '--config.checkpoint.every=0', *overrides]
+
+
+def run_arm(command, *, cpu: int, log: pathlib.Path) -> None:
+  env = dict(os.environ, XLA_FLAGS=ONE_THREAD, PYTHONUNBUFFERED='1')
+  with open(log, 'w') as out:
+    p = subprocess.run(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                       preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+  if p.returncode:
+    raise SystemExit(f'{" ".join(command)} failed ({p.returncode}); last lines of {log}:\n' +
+                     ''.join(log.read_text().splitlines(True)[-30:]))
+
+
+def summary(workdir: pathlib.Path) -> dict:
+  rows = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
+  steps = [r for r in rows if r['step'] > 0 and 'time/step_s' in r]
+  timed = steps[1:]
+  mean = lambda key: sum(r.get(key, 0.0) for r in timed) / max(len(timed), 1)
+  total = sum(r['time/step_s'] for r in timed)
+  final = [r['eval/pass@1'] for r in rows if 'eval/pass@1' in r and r['step'] > 0]
+  return dict(steps=len(steps), steps_per_s=len(timed) / total if total else float('nan'),
+              step_s=mean('time/step_s'), sample_s=mean('time/sample_s'),
+              update_s=mean('time/update_s'), accuracy=final[-1] if final else float('nan'))
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--smoke', action='store_true', help='runlocal model, 4 RL steps')
+  parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--steps', type=int, default=0, help='RL steps (0: 80, smoke 4)')
+  parser.add_argument('--staleness', type=int, default=1)
+  parser.add_argument('--workdir', default='', help='kept if given, else a temporary dir')
+  args = parser.parse_args(argv)
+  if len(os.sched_getaffinity(0)) < 2:
+    raise SystemExit('experiments.bench.async_rl needs 2 CPUs (0 and 1) it may run on.')
+  config = str(ROOT / 'experiments' / 'demo.py') + (':runlocal' if args.smoke else
+                                                    f':{args.seed}')
+  steps = args.steps or (4 if args.smoke else 80)
+  root = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix='bench_async_rl_'))
+  root.mkdir(parents=True, exist_ok=True)
+  sync, spawned = root / 'sync', root / 'async'
+  for d in (sync, spawned):
+    shutil.rmtree(d, ignore_errors=True)
+  run_arm(arm_command(config, sync, steps), cpu=0, log=root / 'sync.log')
+  # The async arm starts from the sync arm's warm start: the same step-0 policy.
+  shutil.copytree(sync / 'warm_start', spawned / 'warm_start')
+  shutil.copytree(sync / 'checkpoints' / '0', spawned / 'checkpoints' / '0')
+  run_arm(arm_command(config, spawned, steps, (
+      '--config.rl.async_mode=process', f'--config.rl.max_staleness={args.staleness}',
+      '--config.rl.sampler_cpus=(1,)')), cpu=0, log=root / 'async.log')
+  results = {'sync': summary(sync), f'async (staleness {args.staleness})': summary(spawned)}
+  print(f"{'arm':22s} {'steps':>5s} {'steps/s':>8s} {'s/step':>7s} {'sample':>7s} "
+        f"{'update':>7s} {'pass@1':>7s}")
+  for name, r in results.items():
+    print(f"{name:22s} {r['steps']:5d} {r['steps_per_s']:8.3f} {r['step_s']:7.3f} "
+          f"{r['sample_s']:7.3f} {r['update_s']:7.3f} {r['accuracy']:7.3f}")
+  s, a = results.values()
+  print(f"accuracy_gap={a['accuracy'] - s['accuracy']:+.3f}")
+  speedup = a['steps_per_s'] / s['steps_per_s']
+  print(f'async_speedup={speedup:.3f}')
+  if not args.workdir:
+    shutil.rmtree(root, ignore_errors=True)
+  return results
+
+
+if __name__ == '__main__':
+  main()

@@ -1,6 +1,7 @@
 """The RL loop and the steps it is made of.
 
   train            the one impure loop: data -> sample -> verify -> advantages -> update -> log
+  async_rl         the sampler up to rl.max_staleness steps ahead (a process or inline)
   rl_batch         one step's batch: verification, dynamic sampling, advantages
   run_setup        a run built once from its config: model, tokenizer, data, pool, jitted steps
   sft              the supervised warm start: teacher solutions and the SFT loop

@@ -193,3 +193,23 @@ def test_a_scripted_hacked_run_stops_with_its_checkpoint_saved(tmp_path, monkeyp
              for r in rows if r['step'] >= 1)  # monitors.perplexity's training-time split
   from rlreason.rl import checkpoint
   assert checkpoint.Checkpointer(tmp_path, keep=3).steps()[-1] == 3  # saved before stopping
+
+
+def test_a_real_fp32_judge_agrees_with_itself_in_another_batch_order():
+  """The random-tiny judge (rollout/judge.py) scores the sample a second time in reverse order:
+  an fp32 judge reads label probabilities, so the two scorings agree."""
+  from rlreason.rollout import judge as judge_lib
+  c = config_lib.default()
+  c.monitors.update(enabled=True, which=('judge',), judge_sample=3)
+  c.judge.update(model='random-tiny', batch_size=2, prompt_buckets=(64, 128), score='expected')
+  j, _ = judge_lib.from_config(c.judge, policy_cfg=None, policy_tok=None)
+  texts = ['1+1=2\nso 2', '3', 'a\nb\nc', 'x = 4']
+  first = j.score(['p'] * 4, texts).rewards_N
+  run = types.SimpleNamespace(config=c, pool=None, judge=j)
+  examples = [types.SimpleNamespace(prompt='p')] * 2
+  out = monitors.batch_metrics(run, texts=texts, items=[None] * 4, examples=examples,
+                               rewards_BxG=np.zeros((2, 2)), verifier_BxG=np.zeros((2, 2)),
+                               lengths_N=np.ones(4), judge_N=first)
+  assert out['monitors/judge_agreement'] == 1.0
+  assert out['monitors/judge_abs_diff'] < 1e-5
+  assert 1 / 3 <= out['monitors/judge_confidence'] <= 1.0

@@ -131,19 +131,22 @@ def test_lm_prm_reads_every_position_and_the_last_equals_the_reward_model():
   head = {'kernel': jax.random.normal(jax.random.key(1), (32, 1)), 'bias': jnp.zeros((1,))}
   tokens, mask, response = repirl.rows([[3, 4], [5]], [[6, 7, 8], [9]], length=6, pad_id=0)
   np.testing.assert_array_equal(response, [[0, 0, 1, 1, 1, 0], [0, 1, 0, 0, 0, 0]])
-  r = repirl.token_rewards(params, head, jnp.asarray(tokens), jnp.asarray(mask), cfg=cfg)
-  last = reward_model.sequence_scores(params, head, jnp.asarray(tokens), jnp.asarray(mask),
-                                      cfg=cfg)
+  rewards = jax.jit(lambda *a: repirl.token_rewards(*a, cfg=cfg))  # jit: fewer dispatches.
+  r = rewards(params, head, jnp.asarray(tokens), jnp.asarray(mask))
+  last = jax.jit(lambda *a: reward_model.sequence_scores(*a, cfg=cfg))(
+      params, head, jnp.asarray(tokens), jnp.asarray(mask))
   np.testing.assert_allclose(r[[0, 1], [4, 1]], last, rtol=1e-5, atol=1e-6)
   # Causal: a position's reward does not see later tokens.
   changed = tokens.copy()
   changed[0, 4] = 2
-  r2 = repirl.token_rewards(params, head, jnp.asarray(changed), jnp.asarray(mask), cfg=cfg)
+  r2 = rewards(params, head, jnp.asarray(changed), jnp.asarray(mask))
   np.testing.assert_allclose(r2[0, :4], r[0, :4], rtol=1e-5, atol=1e-6)
   assert abs(float(r2[0, 4] - r[0, 4])) > 1e-6
   # log π(tokens[t] | tokens[<t]) from the full logits, by hand.
-  lp = repirl.token_logprobs(params, jnp.asarray(tokens), jnp.asarray(mask), cfg=cfg)
-  logits = transformer.apply(params, jnp.asarray(tokens), cfg=cfg, mask_NxT=jnp.asarray(mask))[0]
+  lp = jax.jit(lambda *a: repirl.token_logprobs(*a, cfg=cfg))(params, jnp.asarray(tokens),
+                                                               jnp.asarray(mask))
+  logits = jax.jit(lambda p, t, m: transformer.apply(p, t, cfg=cfg, mask_NxT=m)[0])(
+      params, jnp.asarray(tokens), jnp.asarray(mask))
   want = jax.nn.log_softmax(logits[0, 2].astype(jnp.float32))[tokens[0, 3]]
   np.testing.assert_allclose(lp[0, 3], want, rtol=1e-5)
   assert float(lp[0, 0]) == 0.0

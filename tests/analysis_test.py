@@ -127,3 +127,28 @@ def test_batch_metrics_matches_the_split_of_the_models_logprobs():
   np.testing.assert_allclose(got['perplexity/prompt'], want['prompt'], rtol=1e-5)
   # A random model over 13 tokens is near-uniform: perplexity near 13.
   assert 10 < float(got['perplexity/answer']) < 16
+
+
+def test_path_patching_by_hand():
+  tokens_NxT, mask_NxT = _inputs()
+  a = _params(0)
+  b = patching.patch_params(a, _params(1), ('embed',))  # A's blocks, B's embeddings.
+  everywhere_NxT = jnp.ones(tokens_NxT.shape, bool)
+  logits_a, _ = transformer.apply(a, tokens_NxT, cfg=CFG, mask_NxT=mask_NxT)
+  none = patching.path_patch(a, b, tokens_NxT, cfg=CFG, receivers=(), where_NxT=everywhere_NxT,
+                             mask_NxT=mask_NxT)
+  np.testing.assert_allclose(_real(none, mask_NxT), _real(logits_a, mask_NxT), rtol=1e-5,
+                             atol=1e-5)
+  # Every sublayer reads B's inputs and (same weights) writes B's outputs into A's stream, which
+  # starts from A's embeddings: final = resid_B - embed_B + embed_A, read out by A.
+  every = tuple(f'layers.{i}.{s}' for i in range(CFG.num_layers) for s in ('attn', 'mlp'))
+  got = patching.path_patch(a, b, tokens_NxT, cfg=CFG, receivers=every,
+                            where_NxT=everywhere_NxT, mask_NxT=mask_NxT)
+  resid_b = logit_lens.residual_stream(b, tokens_NxT, cfg=CFG, mask_NxT=mask_NxT)
+  resid_a = logit_lens.residual_stream(a, tokens_NxT, cfg=CFG, mask_NxT=mask_NxT)
+  want = logit_lens.readout(a, resid_b[-1] - resid_b[0] + resid_a[0], cfg=CFG)
+  np.testing.assert_allclose(_real(got, mask_NxT), _real(want, mask_NxT), rtol=1e-4, atol=1e-4)
+  # A receiver the model does not have is named in the error.
+  with pytest.raises(ValueError, match='layers.7.mlp'):
+    patching.path_patch(a, b, tokens_NxT, cfg=CFG, receivers=('layers.7.mlp',),
+                        where_NxT=everywhere_NxT)

@@ -13,14 +13,18 @@ B sharing A's final norm and unembedding, reproduces B's logits (tests/analysis_
 Parameter patching: A's params with the named components (top-level keys 'embed', 'final_norm',
 'lm_head', or 'layers.i' / 'layers.i.attn' / 'layers.i.mlp') taken from B; all of them make B.
 Swapping one layer of an RL-trained B into its start A and measuring what moves says where in
-the layers the change sits (the perplexity-paradox study does that). This is the weight-space
-counterpart of path patching; path patching proper (B's activations along one path only) is
-not implemented.
+the layers the change sits (the perplexity-paradox study does that).
+
+Path patching [C: Wang et al. 2022; Goldowsky-Dill et al. 2023; this code is ours]: A's
+forward in which only the named receivers ('layers.j.attn', 'layers.j.mlp') read the input
+they would get in B's run (at where_NxT), while the residual stream and every other sublayer
+stay A's: the effect of B's stream on the output along the paths through those receivers only.
 """
 
 import functools
 
 import jax
+import jax.numpy as jnp
 
 from rlreason.analysis import logit_lens
 from rlreason.model import transformer
@@ -63,3 +67,49 @@ def patch_params(params_a, params_b, names):
       raise ValueError(f'patch_params: component {name!r} has different shapes in A and B.')
     dst[leaf] = value
   return out
+
+
+def sublayer_inputs(params, tokens_NxT, *, cfg: transformer.ModelConfig, mask_NxT=None,
+                    receivers=(), other=None, where_NxT=None):
+  """({'layers.j.attn' / 'layers.j.mlp': the residual that sublayer reads}, final residual).
+
+  With `other` (another run's sublayer inputs), the sublayers named in `receivers` read
+  other's input instead of their own where where_NxT; their outputs still add to this run's
+  stream.
+  """
+  if mask_NxT is None:
+    mask_NxT = jnp.ones(tokens_NxT.shape, bool)
+  mask_NxT = mask_NxT.astype(bool)
+  model = transformer.module(params, cfg)
+  rope = transformer.rope_cos_sin(transformer.default_positions(mask_NxT),
+                                  transformer.rope_inv_freq(cfg))
+  x_NxTxD = jnp.take(model.embed[...], tokens_NxT, axis=0).astype(cfg.compute_dtype)
+  inputs = {}
+
+  def read(name, x_NxTxD):
+    inputs[name] = x_NxTxD
+    if name not in receivers:
+      return x_NxTxD
+    return jnp.where(where_NxT[..., None], other[name].astype(x_NxTxD.dtype), x_NxTxD)
+
+  for i in range(cfg.num_layers):
+    block = model.layers[str(i)]
+    y_NxTxD, _ = block.attn(block.attn_norm(read(f'layers.{i}.attn', x_NxTxD)), rope,
+                            mask_NxT, None)
+    x_NxTxD = x_NxTxD + y_NxTxD
+    x_NxTxD = x_NxTxD + block.mlp(block.mlp_norm(read(f'layers.{i}.mlp', x_NxTxD)))
+  return inputs, x_NxTxD
+
+
+@functools.partial(jax.jit, static_argnames=('cfg', 'receivers'))
+def path_patch(params_a, params_b, tokens_NxT, *, cfg: transformer.ModelConfig,
+               receivers: tuple[str, ...], where_NxT, mask_NxT=None):
+  """A's fp32 logits NxTxV where only `receivers` read B's run's inputs (module docstring)."""
+  known = {f'layers.{i}.{s}' for i in range(cfg.num_layers) for s in ('attn', 'mlp')}
+  if set(receivers) - known:
+    raise ValueError(f'path_patch: receivers {sorted(set(receivers) - known)} unknown; '
+                     "e.g. 'layers.0.attn', 'layers.0.mlp'.")
+  inputs_b, _ = sublayer_inputs(params_b, tokens_NxT, cfg=cfg, mask_NxT=mask_NxT)
+  _, final_NxTxD = sublayer_inputs(params_a, tokens_NxT, cfg=cfg, mask_NxT=mask_NxT,
+                                   receivers=receivers, other=inputs_b, where_NxT=where_NxT)
+  return logit_lens.readout(params_a, final_NxTxD, cfg=cfg)

@@ -2,8 +2,9 @@
 
   logit_lens  the residual stream after every layer, each read out through the final norm and
               the unembedding (per-layer next-token log-probs)
-  patching    activation patching of the residual stream between two parameter sets, and
-              parameter (component) patching: which layers carry a run's change
+  patching    activation patching of the residual stream between two parameter sets, path
+              patching (only chosen sublayers read B's inputs), and parameter (component)
+              patching: which layers carry a run's change
   perplexity  prompt-token vs answer-token perplexity of a batch (also logged during training
               with monitors.perplexity)
 

@@ -3,6 +3,7 @@ core each, same run.
 
   python -m experiments.bench.async_rl                 # the demo (seed 0), ~10-15 min
   python -m experiments.bench.async_rl --smoke         # the runlocal model, 4 RL steps
+  python -m experiments.bench.async_rl --correction tis_token   # the async arm corrected
 
 Two arms of `python -m rlreason.main --config experiments/demo.py:<seed>`, run one after the
 other, each with XLA:CPU single-threaded (--xla_cpu_multi_thread_eigen=false):
@@ -11,7 +12,9 @@ other, each with XLA:CPU single-threaded (--xla_cpu_multi_thread_eigen=false):
   async  from a copy of the sync arm's warm start (its step-0 checkpoint), rl.async_mode=
          'process' with rl.max_staleness (1): the learner pinned to CPU 0, the spawned
          sampler to CPU 1 (rl.sampler_cpus); the sampler samples step t+1 while the learner
-         verifies and trains step t.
+         verifies and trains step t. Its PPO ratio is against the learner's params when the
+         batch is formed; --correction adds an off-policy weight for the one-step-old
+         sampler (objectives/offpolicy.py), none by default, as the demo.
 
 Evaluation only at the last step and no checkpoint before it (eval.every = rl.steps,
 checkpoint.every = 0), so the timed steps are RL steps alone. Steps per second: (n - 1) / the
@@ -75,6 +78,9 @@ def main(argv=None) -> dict:
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--steps', type=int, default=0, help='RL steps (0: 80, smoke 4)')
   parser.add_argument('--staleness', type=int, default=1)
+  parser.add_argument('--correction', default='',
+                      help="the async arm's objective.correction ('': the demo's, none; e.g. "
+                      "'tis_token', 'decoupled_ppo')")
   parser.add_argument('--workdir', default='', help='kept if given, else a temporary dir')
   args = parser.parse_args(argv)
   if len(os.sched_getaffinity(0)) < 2:
@@ -93,7 +99,9 @@ def main(argv=None) -> dict:
   shutil.copytree(sync / 'checkpoints' / '0', spawned / 'checkpoints' / '0')
   run_arm(arm_command(config, spawned, steps, (
       '--config.rl.async_mode=process', f'--config.rl.max_staleness={args.staleness}',
-      '--config.rl.sampler_cpus=(1,)')), cpu=0, log=root / 'async.log')
+      '--config.rl.sampler_cpus=(1,)',
+      *([f'--config.objective.correction={args.correction}'] if args.correction else []))),
+          cpu=0, log=root / 'async.log')
   results = {'sync': summary(sync), f'async (staleness {args.staleness})': summary(spawned)}
   print(f"{'arm':22s} {'steps':>5s} {'steps/s':>8s} {'s/step':>7s} {'sample':>7s} "
         f"{'update':>7s} {'pass@1':>7s}")

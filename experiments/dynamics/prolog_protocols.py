@@ -28,9 +28,30 @@ accuracy (the final program's solve(X) equals the answer), derived (the final pr
 reference's check_structure_correctness plus its hard-coding test), audited accuracy
 (correct and derived: the paper's "full correct"), and tries per episode.
 
-Runtime: see Result (each GRPO step runs ~100-300 distinct programs in swipl, cached).
+Runtime: 'single' (both rewards) 210 CPU-s in the main process (+ the swipl runs) and 34 min
+wall at load 25-28 on the shared 2-core machine; the full 'agentic' arm (about 3x the SFT
+tokens per row) did not fit the session and ran reduced (below). Smoke (the notebook's,
+agentic arms only): 26 CPU-s, 2 min wall in tests/colab_test.py at that load.
 
-Result: not yet measured.
+Result: (one seed, 2026-12-02; 128 episodes per point over 16 held-out problems, so a
+difference under ~0.05 is noise)
+* single, 500 SFT steps then 10 GRPO steps: after SFT accuracy 0.055, derived 0.328, audited
+  0.055. Correctness-only: accuracy 0.078, derived 0.562, audited 0.070. Structure-rewarded:
+  accuracy 0.141, derived 0.766, audited 0.141. Structure reward gave more auditable programs
+  (+0.20 derived), in the paper's direction, but no accuracy cost: here it was also the more
+  accurate arm (+0.06), so the paper's trade-off does not show at this scale. Likely reason
+  (not measured): the teacher's hard-coded numbers are right only half the time and copying a
+  problem's numbers into facts is easier for this model than arithmetic, so nudging towards
+  derivations also nudges towards right answers. Both arms moved towards derivations
+  (correctness-only too: +0.23).
+* agentic (2 tries), REDUCED to 200 SFT steps and 4 GRPO steps (the full setting did not
+  fit): accuracy 0.000 after SFT and 0.008 / 0.000 after GRPO (correctness / structure),
+  tries per episode 1.35 -> 1.36 / 1.57. The warm start was too short to write a right
+  program, so nothing about the protocol can be read from it. With no right answers, both
+  rewards mostly pay for giving a number: derived fell from 0.344 to 0.047 with correctness
+  only (stated numbers always run) and to 0.117 with the structure terms, which slowed the
+  drift to stated numbers but did not stop it.
+* Not shown: single vs agentic at equal warm start, multi_try, GSM8K, more than one seed.
 """
 
 import tempfile

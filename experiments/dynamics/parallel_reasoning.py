@@ -65,12 +65,12 @@ def make_config(arm: str, smoke: bool):
   c.sft.update(steps=1500, batch_size=32, lr=3e-3, warmup_steps=20, decay=False, grad_clip=1.0,
                teacher=teacher)
   # rl.max_new_tokens: the sequential budget (49 at the teacher), and the SFT rows' length.
-  c.rl.update(steps=20, prompts_per_step=16, group_size=8, temperature=1.0, max_new_tokens=64)
+  c.rl.update(steps=16, prompts_per_step=16, group_size=8, temperature=1.0, max_new_tokens=64)
   c.threads.update(enabled=arm == 'threaded', max_workers=4, parent_tokens=12,
                    worker_tokens=8, final_tokens=16)
   c.objective.update(advantage='grpo', policy_loss='ppo_clip', aggregation='token_mean')
   c.optimizer.update(lr=3e-4, grad_clip=1.0)
-  c.eval.update(every=10, num_prompts=128)
+  c.eval.update(every=8, num_prompts=128)
   c.checkpoint.every = 0
   c.mesh = dict(data=1, fsdp=-1, tensor=1)
   c.log_every = 5
@@ -117,19 +117,23 @@ def evaluate(run, params, arm: str) -> dict:
           'spawned': mean(spawned)}
 
 
-def simulate(smoke: bool) -> dict:
-  """Per arm, from the same initialisation: SFT on the arm's teacher, then GRPO; held-out
-  greedy metrics after SFT and after each eval.every steps. The threaded arm trains until it
-  has sampled the sequential arm's RL tokens (at most 2 x rl.steps steps)."""
+def simulate(smoke: bool, only: tuple[str, ...] = ()) -> dict:
+  """Per arm (or those in `only`), from the same initialisation: SFT on the arm's teacher,
+  then GRPO; held-out greedy metrics after SFT and after each eval.every steps. After the
+  sequential arm, the threaded arm trains until it has sampled as many RL tokens (at most
+  2 x rl.steps steps); on its own, rl.steps steps."""
   results = {}
   budget = None
   for arm in ('sequential', 'threaded'):
+    if only and arm not in only:
+      continue
     c = make_config(arm, smoke)
     run = run_setup.build(c, tempfile.mkdtemp(prefix=f'parallel_{arm}_'))
     state, _ = run.restore_or_init()
     with jax.set_mesh(run.mesh):
       state, _ = sft.sft_loop(run, state, steps=c.sft.steps)
     curve = [(0, 0, evaluate(run, run.policy(state.params), arm))]
+    print(arm, 'after SFT:', curve[0][2], flush=True)
     sampled, step = 0, 0
     while True:
       step += 1
@@ -141,11 +145,10 @@ def simulate(smoke: bool) -> dict:
               else sampled >= budget or step >= 2 * c.rl.steps)
       if step % c.eval.every == 0 or done:
         curve.append((step, sampled, evaluate(run, run.policy(state.params), arm)))
+        print(arm, f'step {step} ({sampled} tokens):', curve[-1][2], flush=True)
       if done:
         break
     budget = budget or sampled
-    print(arm, 'after SFT:', curve[0][2], f'after {step} steps ({sampled} tokens):',
-          curve[-1][2], flush=True)
     results[arm] = curve
     run.close()
   return results

@@ -16,8 +16,8 @@ segment it saw; credit 'roles' (the default, '' or 'roles') normalises each role
 its own GRPO group, 'episode' is plain GRPO on the episode's success (the answer equals the
 gold one) over both rows.
 
-Model: 2 layers, d=64, character tokenizer; warm start: 1000 SFT steps on a flawed scripted
-teacher (gold segment w.p. 0.5, right answer w.p. 0.7), then 40 GRPO steps of 16 prompts x
+Model: 2 layers, d=64, character tokenizer; warm start: 2000 SFT steps on a flawed scripted
+teacher (gold segment w.p. 0.8, right answer w.p. 0.8), then 20 GRPO steps of 16 prompts x
 G=8 (256 rows a step). Measured numbers: experiments/dynamics/artist_roles.py's docstring
 (its make_config holds the settings).
 """

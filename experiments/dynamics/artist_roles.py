@@ -43,9 +43,9 @@ so a standard error of about 0.02 on an accuracy)
 * A weaker warm start shows what per-role credit can do wrong (1000 SFT steps on a teacher
   selecting at 0.5 and answering at 0.7, then 40 GRPO steps). The controller never learned
   to select: about uniform after SFT, 0.180 (chance 1/6 = 0.167; 0.197 with an unlabelled
-  range summary); the reasoner 0.462, answers 0.150. GRPO did not move selection in either arm (roles 0.174,
-  episode 0.170): the controller's reward (a hit 1 time in 6) found nothing in the model to
-  reinforce. Each credit scheme then found a shortcut in the reasoner. Per-role credit taught
+  range summary); the reasoner 0.462, answers 0.150. GRPO did not move selection in either
+  arm (roles 0.174, episode 0.170): the controller's reward (a hit 1 time in 6) found
+  nothing in the model to reinforce. Each credit scheme then found a shortcut in the reasoner. Per-role credit taught
   it to answer 'none', right 5 times in 6 behind a chance controller: reasoner 0.462 ->
   0.846, answers 0.150 -> 0.021. The episode's reward taught it to name a kind whatever it
   sees (half the 'what' questions are right without evidence): answers 0.150 -> 0.311,

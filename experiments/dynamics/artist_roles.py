@@ -41,17 +41,16 @@ so a standard error of about 0.02 on an accuracy)
   0.017, within noise, and not on answers: roles_minus_episode_answer=-0.006. The paper's
   claim that its hierarchical optimisation helps does not show against plain GRPO here.
 * A weaker warm start shows what per-role credit can do wrong (1000 SFT steps on a teacher
-  selecting at 0.5 and answering at 0.7, then 40 GRPO steps). The controller never learned
-  to select: about uniform after SFT, 0.180 (chance 1/6 = 0.167; 0.197 with an unlabelled
-  range summary); the reasoner 0.462, answers 0.150. GRPO did not move selection in either
-  arm (roles 0.174, episode 0.170): the controller's reward (a hit 1 time in 6) found
-  nothing in the model to reinforce. Each credit scheme then found a shortcut in the reasoner. Per-role credit taught
-  it to answer 'none', right 5 times in 6 behind a chance controller: reasoner 0.462 ->
-  0.846, answers 0.150 -> 0.021. The episode's reward taught it to name a kind whatever it
-  sees (half the 'what' questions are right without evidence): answers 0.150 -> 0.311,
-  reasoner 0.462 -> 0.071. A role's local reward is only as good as the role upstream of it.
-  Not run: the reasoner trained on gold-segment rows only until the controller beats chance;
-  more seeds.
+  selecting at 0.5 and answering at 0.7, then 40 GRPO steps). The controller never learned to
+  select: about uniform after SFT, 0.180 (chance 1/6 = 0.167; 0.197 with an unlabelled range
+  summary); the reasoner 0.462, answers 0.150. GRPO did not move selection in either arm (roles
+  0.174, episode 0.170): the controller's reward (a hit 1 time in 6) found nothing in the model
+  to reinforce. Each credit scheme then found a shortcut in the reasoner. Per-role credit taught
+  it to answer 'none', right 5 times in 6 behind a chance controller: reasoner 0.462 -> 0.846,
+  answers 0.150 -> 0.021. The episode's reward taught it to name a kind whatever it sees (half
+  the 'what' questions are right without evidence): answers 0.150 -> 0.311, reasoner 0.462 ->
+  0.071. A role's local reward is only as good as the role upstream of it. Not run: the reasoner
+  trained on gold-segment rows only until the controller beats chance; more seeds.
 """
 
 import tempfile

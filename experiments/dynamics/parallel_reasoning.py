@@ -25,9 +25,23 @@ worker, uniformly), then GRPO (G = 8, 16 prompts, ppo_clip, token_mean, T = 1): 
 `rl_steps` steps, threaded until it has sampled as many tokens (the same RL training tokens;
 capped at twice the steps). Evaluation: greedy, on held-out problems; threaded episodes fork.
 
-Runtime: see Result (a CPU-only run on the shared 2-core machine).
+Runtime: full run 312 s CPU (sequential arm) + 392 s CPU (threaded arm), run as two
+processes (37-39 min wall each at load ~23 on the shared 2-core machine; `simulate(only=)`);
+smoke (the notebook's): see tests/colab_test.py (130 s wall at that load).
 
-Result: not yet measured.
+Result: (one seed, the full setting) the tiny model did not learn the task, so the accuracy
+comparison says nothing about the paper's claim; the critical-path reduction did show. Held-out
+greedy accuracy (128 problems) after 1500 SFT steps: sequential 0.141, threaded 0.086; after
+16 GRPO steps (100,550 sampled tokens) sequential 0.086; threaded after 16 steps (102,289
+tokens, the equal-token budget) 0.109: all near chance for a mod-10 answer (0.1), and GRPO did
+not move them (a group of 8 at ~10% accuracy gives little signal). accuracy_delta=+0.023
+compares two chance-level policies. The format held: the threaded policy spawned in every
+episode (4 workers), critical path 29.0 tokens against 49.0 sequential at the same total
+(50.0 vs 49.0), longest_path_ratio=0.592, i.e. the teacher's 29/49 (below the 0.6 target,
+by construction of the format rather than by learning). What blocks accuracy: the running
+sums need an exact lookup of each digit; the sequential chain copies at a fixed offset from the
+prompt, a worker must find its group by label. A larger model or longer SFT is the next try
+(not run: each arm cost ~6 CPU-minutes here).
 """
 
 import tempfile

@@ -16,10 +16,10 @@ from rlreason.config_checks import agents
 from rlreason.config_checks import learned_rewards
 from rlreason.config_checks import monitoring
 from rlreason.config_checks import objective
-
-from rlreason.config_checks import partial_rollouts
 from rlreason.config_checks import offpolicy
+from rlreason.config_checks import partial_rollouts
 from rlreason.config_checks import threads
+
 
 # HeaPA's boundary definitions (rl/prompt_schedule.py implements them).
 HEAPA_MODES = ('medium', 'easy_medium')
@@ -70,10 +70,10 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
         f"rl.sampler={rl.get('sampler')!r}; known: 'static', 'continuous'.")
   if rl.get('sampler', 'static') == 'continuous':
     _check_continuous(c, check)
+  partial_rollouts.check_partial_rollouts(c, check)
   check(rl.prompts_per_step % rl.minibatches == 0,
         f'rl.prompts_per_step={rl.prompts_per_step} is not divisible by '
         f'rl.minibatches={rl.minibatches} (minibatches hold whole groups).')
-  partial_rollouts.check_partial_rollouts(c, check)
   per_minibatch = rl.prompts_per_step // max(rl.minibatches, 1)
   check(per_minibatch % rl.micro_batches == 0,
         f'{per_minibatch} prompts per minibatch do not split into '

@@ -205,15 +205,7 @@ def summary(results) -> str:
 
 
 def main():
-  import sys
-  if '--write_notebook' in sys.argv:  # make_config and evaluate are cells before simulate's.
-    studies.write_notebook(sys.modules[__name__], path=studies.REPO / 'colab' /
-                           f'{NOTEBOOK}.ipynb', steps=[
-                               'make_config', 'evaluate', 'simulate',
-                               'results = simulate(SMOKE)', 'figure', 'summary',
-                               'fig = figure(results)\nprint(summary(results))'])
-    return
-  studies.run_study(__name__, notebook=NOTEBOOK)
+  studies.run_study(__name__, notebook=NOTEBOOK, before=('make_config', 'evaluate'))
 
 
 if __name__ == '__main__':

@@ -22,13 +22,9 @@ import jax.numpy as jnp
 from rlreason.model import transformer
 
 
-def residual_stream(params, tokens_NxT, *, cfg: transformer.ModelConfig, mask_NxT=None,
-                    patch=None) -> list[jax.Array]:
-  """[resid_0, ..., resid_L], each NxTxD in compute dtype.
-
-  patch: (k, resid_NxTxD, where_NxT) or None: before block k runs (k = L: before the final
-  norm), the stream takes resid_NxTxD's values where where_NxT is True.
-  """
+def embedded(params, tokens_NxT, *, cfg: transformer.ModelConfig, mask_NxT=None):
+  """What the blocks start from, as transformer.apply builds it: (the nnx model, the bool
+  mask (all True when None), RoPE's cos/sin of the default positions, the embeddings)."""
   if mask_NxT is None:
     mask_NxT = jnp.ones(tokens_NxT.shape, bool)
   mask_NxT = mask_NxT.astype(bool)
@@ -36,6 +32,17 @@ def residual_stream(params, tokens_NxT, *, cfg: transformer.ModelConfig, mask_Nx
   rope = transformer.rope_cos_sin(transformer.default_positions(mask_NxT),
                                   transformer.rope_inv_freq(cfg))
   x_NxTxD = jnp.take(model.embed[...], tokens_NxT, axis=0).astype(cfg.compute_dtype)
+  return model, mask_NxT, rope, x_NxTxD
+
+
+def residual_stream(params, tokens_NxT, *, cfg: transformer.ModelConfig, mask_NxT=None,
+                    patch=None) -> list[jax.Array]:
+  """[resid_0, ..., resid_L], each NxTxD in compute dtype.
+
+  patch: (k, resid_NxTxD, where_NxT) or None: before block k runs (k = L: before the final
+  norm), the stream takes resid_NxTxD's values where where_NxT is True.
+  """
+  model, mask_NxT, rope, x_NxTxD = embedded(params, tokens_NxT, cfg=cfg, mask_NxT=mask_NxT)
 
   def patched(k, x_NxTxD):
     if patch is None or patch[0] != k:

@@ -77,13 +77,8 @@ def sublayer_inputs(params, tokens_NxT, *, cfg: transformer.ModelConfig, mask_Nx
   other's input instead of their own where where_NxT; their outputs still add to this run's
   stream.
   """
-  if mask_NxT is None:
-    mask_NxT = jnp.ones(tokens_NxT.shape, bool)
-  mask_NxT = mask_NxT.astype(bool)
-  model = transformer.module(params, cfg)
-  rope = transformer.rope_cos_sin(transformer.default_positions(mask_NxT),
-                                  transformer.rope_inv_freq(cfg))
-  x_NxTxD = jnp.take(model.embed[...], tokens_NxT, axis=0).astype(cfg.compute_dtype)
+  model, mask_NxT, rope, x_NxTxD = logit_lens.embedded(params, tokens_NxT, cfg=cfg,
+                                                      mask_NxT=mask_NxT)
   inputs = {}
 
   def read(name, x_NxTxD):

@@ -47,10 +47,8 @@ def check_env(c, check) -> None:
 def check_mind(c, check) -> None:
   """MIND's simulated patient and typed evidence state (envs/patient.py,
   rollout/typed_episodes.py)."""
-  import inspect
   from rlreason.envs import patient
   from rlreason.objectives import advantages
-  from rlreason.objectives import losses
   e, rl, o = c.env, c.rl, c.objective
   check(e.kind in ('tools', 'patient'), f"env.kind={e.kind!r}; known: 'tools', 'patient'.")
   check(e.state in patient.STATES, f'env.state={e.state!r}; known: {patient.STATES}.')
@@ -87,12 +85,20 @@ def check_mind(c, check) -> None:
   check(o.advantage not in advantages.TOKEN_LEVEL,
         f"env.state='typed' repeats each episode's group advantage over its turn rows; "
         f'objective.advantage={o.advantage!r} is token-level.')
-  loss = losses.POLICY_LOSSES.get(o.policy_loss)
+  check_rows_per_prompt(c, check, what="env.state='typed'", rows='G x env.max_turns')
+
+
+def check_rows_per_prompt(c, check, *, what: str, rows: str) -> None:
+  """Episodes that train on several rows per episode (`rows` per prompt) cannot use what
+  reads rows in groups of rl.group_size: a group-shaped policy loss, dynamic sampling."""
+  import inspect
+  from rlreason.objectives import losses
+  loss = losses.POLICY_LOSSES.get(c.objective.policy_loss)
   check(loss is None or 'group_size' not in inspect.signature(loss).parameters,
-        f"objective.policy_loss={o.policy_loss!r} reads rows in groups of rl.group_size; with "
-        "env.state='typed' a group's rows are G episodes x env.max_turns turns.")
-  check(not rl.dynamic_sampling, "rl.dynamic_sampling selects groups of rl.group_size rows; "
-                                 "env.state='typed' has G x env.max_turns rows per prompt.")
+        f'objective.policy_loss={c.objective.policy_loss!r} reads rows in groups of '
+        f"rl.group_size; with {what} a prompt's rows are {rows}.")
+  check(not c.rl.dynamic_sampling, 'rl.dynamic_sampling selects groups of rl.group_size rows; '
+                                   f'{what} has {rows} rows per prompt.')
 
 
 def check_prolog(c, check) -> None:

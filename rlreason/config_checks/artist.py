@@ -5,10 +5,8 @@ calls them for env.kind='artist'.
 
 def check_artist(c, check) -> None:
   """The task, the options, the role prompts' bucket and what the two-row episodes exclude."""
-  import inspect
   from rlreason.envs import artist
   from rlreason.objectives import advantages
-  from rlreason.objectives import losses
   e, rl, o, d = c.env, c.rl, c.objective, c.data
   check(d.source == 'task' and d.task == artist.TASK,
         f"env.kind='artist' plays the roles on data.task={artist.TASK!r}; got "
@@ -50,9 +48,5 @@ def check_artist(c, check) -> None:
           "objective.advantage='grpo' with advantage_kwargs at most std_ddof and eps and no "
           f'objective.transforms; got {o.advantage!r}, {dict(o.advantage_kwargs)}, '
           f'{tuple(o.transforms)}.')
-  loss = losses.POLICY_LOSSES.get(o.policy_loss)
-  check(loss is None or 'group_size' not in inspect.signature(loss).parameters,
-        f'objective.policy_loss={o.policy_loss!r} reads rows in groups of rl.group_size; with '
-        "env.kind='artist' a prompt's rows are G episodes x 2 roles.")
-  check(not rl.dynamic_sampling, 'rl.dynamic_sampling selects groups of rl.group_size rows; '
-                                 "env.kind='artist' has G x 2 rows per prompt.")
+  from rlreason.config_checks import agents
+  agents.check_rows_per_prompt(c, check, what="env.kind='artist'", rows='G episodes x 2 roles')

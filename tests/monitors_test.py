@@ -150,7 +150,7 @@ def test_warn_prints_and_does_not_stop():
   writer = types.SimpleNamespace(note=lambda text: stream.write(text + '\n'))
   tracker = monitors.Tracker(window=2, max_disagreement=0.1, patience=1)
   metrics = {'monitors/disagreement': 0.5}
-  stop = train.watch(types.SimpleNamespace(config=c), tracker, 7, metrics, writer)
+  stop = monitors.watch(c.monitors, tracker, 7, metrics, writer)
   assert stop == [] and metrics['monitors/alarms'] == 1
   assert 'step 7 | monitor alarm disagreement' in stream.getvalue()
 

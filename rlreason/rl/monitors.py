@@ -52,6 +52,7 @@ Deliberately not here: acting on alarms (train.py warns or stops, saving a check
 import collections
 import dataclasses
 import json
+import logging
 import pathlib
 
 import numpy as np
@@ -263,3 +264,25 @@ def write_stop(workdir, alarms, *, message: str) -> pathlib.Path:
   path.write_text(json.dumps({'step': alarms[0].step, 'message': message,
                               'alarms': [dataclasses.asdict(a) for a in alarms]}, indent=1))
   return path
+
+
+def watch(settings, tracker: Tracker, step: int, metrics: dict, writer) -> list[Alarm]:
+  """Feeds step's metrics to the tracker and adds its trends; logs each alarm (also printed by
+  `writer.note` under monitors.stop 'warn' or 'stop'). `settings`: config.monitors. Returns the
+  alarms that end the run: all of them under monitors.stop='stop', none otherwise."""
+  alarms = tracker.update(step, metrics)
+  metrics.update(tracker.trend_metrics())
+  metrics['monitors/alarms'] = len(alarms)
+  for a in alarms:
+    logging.warning('monitor alarm at step %d: %s: %s', step, a.name, a.message)
+    if settings.stop:
+      writer.note(f'step {step} | monitor alarm {a.name}: {a.message}')
+  return alarms if settings.stop == 'stop' else []
+
+
+def report_stop(alarms, *, step: int, workdir, writer) -> None:
+  """A stopped run's message, logged, printed and written to workdir/monitor_stop.json."""
+  message = stop_message(alarms, step=step, workdir=workdir)
+  write_stop(workdir, alarms, message=message)
+  logging.error(message)
+  writer.note(message)

@@ -272,22 +272,6 @@ PROGRESS_KEYS = ('train/reward', 'eval/pass@1', 'loss', 'monitors/audit', 'monit
                  'monitors/alarms', 'perplexity/answer', 'perplexity/prompt')
 
 
-def watch(run: Run, tracker: monitors.Tracker, step: int, metrics: dict,
-          writer: metrics_lib.Writer) -> list[monitors.Alarm]:
-  """Feeds step's metrics to the reward-hacking monitors (rl/monitors.py) and adds their
-  trends; logs each alarm (printed too under monitors.stop 'warn' or 'stop'). Returns the
-  alarms that end the run: all of them under monitors.stop='stop', none otherwise."""
-  alarms = tracker.update(step, metrics)
-  metrics.update(tracker.trend_metrics())
-  metrics['monitors/alarms'] = len(alarms)
-  policy = run.config.monitors.stop
-  for a in alarms:
-    logging.warning('monitor alarm at step %d: %s: %s', step, a.name, a.message)
-    if policy:
-      writer.note(f'step {step} | monitor alarm {a.name}: {a.message}')
-  return alarms if policy == 'stop' else []
-
-
 def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[str, float]]:
   """Runs (or resumes) the job in `workdir`: (final TrainState, last evaluation metrics)."""
   config_lib.validate(config, num_devices=jax.device_count())
@@ -315,7 +299,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[st
     if pending is not None:  # Step t-1's device scalars, read while step t ran.
       summary = writer.write(*pending)
       writer.progress(pending[0], summary, keys=PROGRESS_KEYS)
-    stop = [] if tracker is None else watch(run, tracker, step, metrics, writer)
+    stop = [] if tracker is None else monitors.watch(config.monitors, tracker, step, metrics,
+                                                     writer)
     metrics.update(times)
     metrics['time/step_s'] = time.perf_counter() - t0
     if config.eval.every and (step % config.eval.every == 0 or step == config.rl.steps):
@@ -331,10 +316,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[st
         async_sampler.save(step)
       run.save(step, state, metrics=eval_metrics if 'eval/pass@1' in metrics else None)
     if stop:  # Saved above: the stopped run loses nothing and resumes from here.
-      message = monitors.stop_message(stop, step=step, workdir=run.workdir)
-      monitors.write_stop(run.workdir, stop, message=message)
-      logging.error(message)
-      writer.note(message)
+      monitors.report_stop(stop, step=step, workdir=run.workdir, writer=writer)
     if last:
       break
   if pending is not None:

@@ -30,7 +30,8 @@ update step):
        A_d; every token of an unparsable one gets `invalid_advantage`, default −1: without it
        a calibration run's parsable share fell from 1.0 to 0.13 in 60 steps);
     5. the student is promoted to the candidate with the largest r_d (first on ties).
-  Both policies thus train in one jitted run. Baselines run the same loop with the same
+  Both policies thus train in one jitted run. Cost per outer step: D x inner_steps student
+  updates, of which inner_steps are kept, D + 1 reward-set forwards and one teacher update. Baselines run the same loop with the same
   promotion but a fixed proposer instead of the teacher: problems drawn from a difficulty
   mixture (`weights_TxK`, one row per outer step: direct RL = only the hard horizons, a fixed
   easy-to-hard schedule = rows that move), or the teacher frozen at its initialisation.

@@ -61,8 +61,13 @@ def _free_port() -> int:
 
 
 def _env(devices: int) -> dict[str, str]:
+  # The suite's optimisation level too (conftest.py): the two processes must compute what the
+  # reference computes here, and share its persistent compilation cache entries.
+  level = [f for f in os.environ.get('XLA_FLAGS', '').split()
+           if f.startswith('--xla_backend_optimization_level')]
   env = dict(os.environ)
-  env.update(JAX_PLATFORMS='cpu', XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
+  env.update(JAX_PLATFORMS='cpu',
+             XLA_FLAGS=' '.join([f'--xla_force_host_platform_device_count={devices}', *level]),
              JAX_COMPILATION_CACHE_DIR=str(jax.config.jax_compilation_cache_dir),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0.5', PYTHONUNBUFFERED='1')
   return env

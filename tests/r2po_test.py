@@ -131,9 +131,9 @@ def test_two_steps_train_the_head_then_the_backbone(tmp_path, monkeypatch):
   build, rl_step = train.build, train.rl_step
   monkeypatch.setattr(train, 'build', lambda *a, **k: runs.append(build(*a, **k)) or runs[-1])
 
-  def spy(run, state, step, times):
+  def spy(run, state, step, times, *rest):
     before = jax.tree.map(np.asarray, state.params)
-    state, metrics = rl_step(run, state, step, times)
+    state, metrics = rl_step(run, state, step, times, *rest)
     stages.append((metrics['r2po/stage'], before, jax.tree.map(np.asarray, state.params)))
     return state, metrics
 

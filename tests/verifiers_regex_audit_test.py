@@ -26,6 +26,7 @@ import time
 import pytest
 
 from rlreason import verifiers
+from rlreason.envs import artist
 from rlreason.envs import base as env_base
 from rlreason.envs import calculator
 from rlreason.envs import formats
@@ -34,6 +35,7 @@ from rlreason.envs import slate_rules
 from rlreason.envs import tasks as env_tasks
 from rlreason.model import tokenizer
 from rlreason.rollout import judge
+from rlreason.rollout import scribe
 from rlreason.rollout import slate_judge
 from rlreason.tasks import arithmetic as arithmetic_task
 from rlreason.tasks import policy_recall as policy_task
@@ -114,6 +116,10 @@ PATTERNS = {
     'envs.slate_rules.NAME': (_fn(slate_rules.NAME, 'findall'), ('A', 'Ab', 'AB', 'aB')),
     'rollout.slate_judge._THINK': (_fn(slate_judge._THINK, 'search'),
                                    ('<think>', '</think>', '<think></think>', '<think')),
+    'envs.artist._SELECT': (_fn(artist._SELECT, 'fullmatch'), ('seg', 'seg ', ' seg 1', 'seg 1 ')),
+    # SCRIBE's routing: every shipped library's claim patterns over a judged step.
+    'rollout.scribe.route': (lambda t: [scribe.route(t, lib) for lib in scribe.LIBRARIES.values()],
+                             ('search', 'query', 'answer', 'calculator', 'evidence', 'because ')),
 }
 
 
@@ -220,6 +226,7 @@ SCANNED = {
     'tasks/policy_recall.py': 1, 'envs/calculator.py': 1, 'envs/formats.py': 3,
     'envs/tasks.py': 1,  # envs/tasks: gold call references, not model output.
     'envs/patient.py': 1, 'envs/slate_rules.py': 1, 'rollout/slate_judge.py': 1,
+    'envs/artist.py': 1, 'rollout/scribe.py': 2,  # scribe: the libraries' claim patterns.
 }
 _CALL = re.compile(r'\bre\.(?:compile|search|match|fullmatch|findall|finditer|split|subn?)\(')
 

@@ -102,6 +102,8 @@ def rubric(skill: str, criteria: Sequence[str]) -> str:
           'if it meets them all, "0" if some point is unclear, "-" if it fails one.')
 
 
+# Line-anchored patterns use [ \t], never \s: under MULTILINE \s crosses newlines, and a run of
+# newlines took seconds (tests/verifiers_regex_audit_test.py).
 TOOLS = (
     SkillPrototype('tool_call', (r'<call>', r'<tool_call>', r'"arguments"'), rubric('tool call', (
         'the tool is one that can answer the question the step needs answered',
@@ -119,7 +121,7 @@ TOOLS = (
                                 r'\bsubgoal|\bstrategy\b'), rubric('planning', (
                                     'the plan splits the problem into steps that solve it',
                                     'no step of the plan is impossible or unnecessary'))),
-    SkillPrototype('answer', (r'####', r'\banswer\b', r'\\boxed', r'^\s*-?\d[\d ,.]*\s*$'),
+    SkillPrototype('answer', (r'####', r'\banswer\b', r'\\boxed', r'^[ \t]*-?\d[\d ,.]*[ \t]*$'),
                    rubric('final answer', (
                        'the answer follows from the earlier steps',
                        'it answers exactly what the problem asks, in the asked form'))),
@@ -127,7 +129,7 @@ TOOLS = (
 
 # ClinMPO's evidence-guided strategy (CPTS) as rubrics for envs/patient.py's consultation.
 CLINMPO = (
-    SkillPrototype('symptom_inquiry', (r'^\s*ask\s+\S+', r'\bask about\b', r'\bsymptom'),
+    SkillPrototype('symptom_inquiry', (r'^[ \t]*ask[ \t]+\S+', r'\bask about\b', r'\bsymptom'),
                    rubric('symptom inquiry', (
                        'the finding asked about separates the conditions still possible',
                        'it was not asked or answered before',
@@ -140,7 +142,7 @@ CLINMPO = (
                                     r'\bcandidates?\b'), rubric('differential diagnosis', (
                                         'every condition consistent with the evidence is kept',
                                         'conditions are ruled out only by a reported finding'))),
-    SkillPrototype('diagnosis', (r'^\s*dx\s+\S+', r'\bdiagnos[ei]s\b', r'\bICD'),
+    SkillPrototype('diagnosis', (r'^[ \t]*dx[ \t]+\S+', r'\bdiagnos[ei]s\b', r'\bICD'),
                    rubric('diagnostic decision', (
                        'the diagnosis meets the criteria of the condition by the evidence found',
                        'no remaining differential fits the evidence equally well'))),

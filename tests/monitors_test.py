@@ -200,11 +200,12 @@ def test_a_real_fp32_judge_agrees_with_itself_in_another_batch_order():
   an fp32 judge reads label probabilities, so the two scorings agree."""
   from rlreason.rollout import judge as judge_lib
   c = config_lib.default()
-  c.monitors.update(enabled=True, which=('judge',), judge_sample=3)
+  c.monitors.update(enabled=True, which=('judge',), judge_sample=4)  # every row re-scored
   c.judge.update(model='random-tiny', batch_size=2, prompt_buckets=(64, 128), score='expected')
   j, _ = judge_lib.from_config(c.judge, policy_cfg=None, policy_tok=None)
   texts = ['1+1=2\nso 2', '3', 'a\nb\nc', 'x = 4']
-  first = j.score(['p'] * 4, texts).rewards_N
+  scored = j.score(['p'] * 4, texts)
+  first = scored.rewards_N
   run = types.SimpleNamespace(config=c, pool=None, judge=j)
   examples = [types.SimpleNamespace(prompt='p')] * 2
   out = monitors.batch_metrics(run, texts=texts, items=[None] * 4, examples=examples,
@@ -212,4 +213,6 @@ def test_a_real_fp32_judge_agrees_with_itself_in_another_batch_order():
                                lengths_N=np.ones(4), judge_N=first)
   assert out['monitors/judge_agreement'] == 1.0
   assert out['monitors/judge_abs_diff'] < 1e-5
-  assert 1 / 3 <= out['monitors/judge_confidence'] <= 1.0
+  # The mean top-label probability over every judged step (the sample is all 4 rows).
+  assert out['monitors/judge_confidence'] == pytest.approx(
+      float(np.asarray(scored.label_probs_Mx3).max(-1).mean()), abs=1e-5)

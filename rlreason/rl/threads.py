@@ -68,7 +68,9 @@ def score_texts(run, texts, examples, *, group_size: int, lengths_E) -> tuple[np
 def sample_and_score(run, params, examples, rng, *, step: int, times: dict):
   """rl/train.py's threaded rollout mode: (rollout, rl_batch.Scores), one reward per episode."""
   if jax.process_count() > 1:
-    raise NotImplementedError('threads.enabled runs on one host (multihost.local_rows).')
+    raise ValueError(f'threads.enabled=True samples fork/join rows in one process; this run has '
+                     f'{jax.process_count()} (multi-host threaded rollouts are not supported: '
+                     'set threads.enabled=False or run on one host).')
   g = run.config.rl.group_size
   t0 = time.perf_counter()
   out = sample_threads(run, params, examples, rng, temperature=run.config.rl.temperature)

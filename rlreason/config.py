@@ -250,10 +250,12 @@ def default() -> ml_collections.ConfigDict:
   # max_workers worker rows (worker_tokens each) that share its context; their outputs are
   # joined into it and the parent writes up to final_tokens more. Rows per prompt G * (1 +
   # max_workers); one reward per episode (its parent's text). markers: one-token strings of
-  # the spawn format, over threads.DEFAULT_MARKERS (parallel_sums' characters).
+  # the spawn format, over threads.DEFAULT_MARKERS (parallel_sums' characters). trie_packing:
+  # the learner's forward runs each episode's rows as one packed trie, the shared prefix once
+  # (ThreadWeaver; rollout/trie.py); same loss, same tokens.
   c.threads = ml_collections.ConfigDict(dict(
       enabled=False, max_workers=4, parent_tokens=16, worker_tokens=16, final_tokens=16,
-      max_header_tokens=4, markers={}))
+      max_header_tokens=4, markers={}, trie_packing=False))
 
   # num_prompts 500: MATH-500's size; a file's eval set is cut to it (GSM8K's test set has 1319).
   # diversity: how the k samples per prompt differ (rl/diversity.py): 'iid', or a fixed

@@ -105,3 +105,4 @@ class TrainBatch:
   old_values_NxL: jax.Array | None = None  # value head at sampling time (critic runs only)
   returns_NxL: jax.Array | None = None  # GAE returns, the value head's targets
   version_NxL: jax.Array | None = None  # int32 provenance of each token (structs.VERSION_*)
+  trie: Any = None  # rollout/trie.Packing: threaded rows' forward, one packed trie per episode

@@ -12,6 +12,14 @@ def check_threads(c, check) -> None:
   known = ('spawn', 'sep', 'end', 'worker_open', 'join_open', 'join_sep', 'join_close')
   unknown = sorted(set(t.markers) - set(known))
   check(not unknown, f'threads.markers has unknown key(s) {unknown}; known: {list(known)}.')
+  check(isinstance(t.get('trie_packing', False), bool),
+        f'threads.trie_packing={t.get("trie_packing")!r} must be True or False.')
+  if t.get('trie_packing') and isinstance(t.max_workers, int) and t.max_workers >= 1:
+    rows = rl.prompts_per_step // max(rl.minibatches, 1) * rl.group_size  # episodes per minibatch
+    check(rows % max(rl.micro_batches, 1) == 0,
+          f'threads.trie_packing packs whole episodes: rl.micro_batches={rl.micro_batches} must '
+          f'divide the {rows} episodes of a minibatch (rl.prompts_per_step / rl.minibatches x '
+          'rl.group_size).')
   check(c.objective.advantage not in advantages.TOKEN_LEVEL,
         f'threads.enabled gives one reward per episode over its 1 + threads.max_workers rows: '
         f'objective.advantage={c.objective.advantage!r} is token-level; use a group estimator '

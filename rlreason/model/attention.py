@@ -43,22 +43,26 @@ def _scores(q_NxBxKxRxDh, k_NxSxKxDh, allowed_NxBxS, scale):
   return jnp.where(allowed_NxBxS[:, None, None], s, NEG_INF)
 
 
-def _allowed(mask_NxT, start: int, stop: int):
-  """Which keys [0, stop) the queries [start, stop) may attend to: causal and valid."""
+def _allowed(mask_NxT, start: int, stop: int, end_NxT=None):
+  """Which keys [0, stop) the queries [start, stop) may attend to: causal and valid (and,
+  with end_NxT, only queries up to key s's end_NxT[s]: a packed trie's subtree)."""
   causal_BxS = jnp.arange(stop)[None, :] <= jnp.arange(start, stop)[:, None]
-  return causal_BxS[None] & mask_NxT[:, None, :stop]
+  allowed = causal_BxS[None] & mask_NxT[:, None, :stop]
+  if end_NxT is None:
+    return allowed
+  return allowed & (jnp.arange(start, stop)[None, :, None] <= end_NxT[:, None, :stop])
 
 
 def _blocks(t: int, block: int):
   return [(start, min(start + block, t)) for start in range(0, t, block)]
 
 
-def _forward(q, k, v, mask_NxT, block):
+def _forward(q, k, v, mask_NxT, end_NxT, block):
   n, t, kh, r, dh = q.shape
   scale = dh ** -0.5
   outs, lses = [], []
   for start, stop in _blocks(t, block):
-    s = _scores(q[:, start:stop], k[:, :stop], _allowed(mask_NxT, start, stop), scale)
+    s = _scores(q[:, start:stop], k[:, :stop], _allowed(mask_NxT, start, stop, end_NxT), scale)
     m = jnp.max(s, axis=-1, keepdims=True)
     p = jnp.exp(s - m)
     denom_NxKxRxB = jnp.sum(p, axis=-1)
@@ -69,18 +73,18 @@ def _forward(q, k, v, mask_NxT, block):
   return jnp.concatenate(outs, axis=1), jnp.concatenate(lses, axis=-1)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _attention(q, k, v, mask_NxT, block):
-  return _forward(q, k, v, mask_NxT, block)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _attention(q, k, v, mask_NxT, end_NxT, block):
+  return _forward(q, k, v, mask_NxT, end_NxT, block)[0]
 
 
-def _attention_fwd(q, k, v, mask_NxT, block):
-  out, lse = _forward(q, k, v, mask_NxT, block)
-  return out, (q, k, v, mask_NxT, out, lse)
+def _attention_fwd(q, k, v, mask_NxT, end_NxT, block):
+  out, lse = _forward(q, k, v, mask_NxT, end_NxT, block)
+  return out, (q, k, v, mask_NxT, end_NxT, out, lse)
 
 
 def _attention_bwd(block, res, d_out):
-  q, k, v, mask_NxT, out, lse = res
+  q, k, v, mask_NxT, end_NxT, out, lse = res
   n, t, kh, r, dh = q.shape
   scale = dh ** -0.5
   # delta[n, t] = sum_d dO * O: the softmax Jacobian's row term, one pass over the output.
@@ -90,7 +94,7 @@ def _attention_bwd(block, res, d_out):
   dk = jnp.zeros(k.shape, jnp.float32)
   dv = jnp.zeros(v.shape, jnp.float32)
   for start, stop in _blocks(t, block):
-    allowed = _allowed(mask_NxT, start, stop)
+    allowed = _allowed(mask_NxT, start, stop, end_NxT)
     s = _scores(q[:, start:stop], k[:, :stop], allowed, scale)
     # Masked entries get probability exactly 0 (not exp(NEG_INF - lse), which is 1 on a
     # fully masked pad row).
@@ -105,13 +109,14 @@ def _attention_bwd(block, res, d_out):
     dv = dv.at[:, :stop].add(jnp.einsum('nkrbs,nbkrd->nskd', p.astype(do.dtype), do,
                                         preferred_element_type=jnp.float32))
   dq = jnp.concatenate(dq_blocks, axis=1)
-  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def causal_attention(q_NxTxKxRxDh, k_NxTxKxDh, v_NxTxKxDh, mask_NxT, *, block: int | None = None):
+def causal_attention(q_NxTxKxRxDh, k_NxTxKxDh, v_NxTxKxDh, mask_NxT, *, block: int | None = None,
+                     subtree_end_NxT=None):
   """Grouped-query causal attention of T tokens over themselves: NxTxKxRxDh.
 
   Args:
@@ -119,9 +124,15 @@ def causal_attention(q_NxTxKxRxDh, k_NxTxKxDh, v_NxTxKxDh, mask_NxT, *, block: i
     k_NxTxKxDh, v_NxTxKxDh: keys and values of the same T tokens.
     mask_NxT: True for real tokens; keys of padding are never attended to.
     block: query rows per block (default `block_size(T)`).
+    subtree_end_NxT: None (plain causal), or int: key s is seen by queries s..end[s] only.
+      A trie of token sequences laid out in depth-first preorder (rollout/trie.py) gives each
+      node's subtree the range [s, end[s]], so each token attends to its ancestors exactly.
   """
   t = q_NxTxKxRxDh.shape[1]
-  return _attention(q_NxTxKxRxDh, k_NxTxKxDh, v_NxTxKxDh, mask_NxT.astype(bool),
+  if subtree_end_NxT is not None:  # A packed trie: this kernel's blocks carry its limits.
+    return _attention(q_NxTxKxRxDh, k_NxTxKxDh, v_NxTxKxDh, mask_NxT.astype(bool),
+                      subtree_end_NxT, block or block_size(t))
+  return _attention(q_NxTxKxRxDh, k_NxTxKxDh, v_NxTxKxDh, mask_NxT.astype(bool), None,
                     block or block_size(t))
 
 

@@ -243,9 +243,10 @@ class Attention(nnx.Module):
       self.k_norm = RMSNorm(dh, cfg.rms_norm_eps, pdt, rngs, axes=('head_dim',))
     self.cfg = cfg
 
-  def __call__(self, x_NxTxD, rope, mask_NxT, layer_cache, lr=None):
+  def __call__(self, x_NxTxD, rope, mask_NxT, layer_cache, lr=None, subtree_end_NxT=None):
     """rope: the (cos, sin) tables of this call's positions (`rope_cos_sin`); lr: DART's
-    routed adapters of this layer (dart.layer), or None."""
+    routed adapters of this layer (dart.layer), or None; subtree_end_NxT: a packed trie's
+    attention limits (attention.causal_attention), full forward only."""
     cfg, cdt = self.cfg, self.cfg.compute_dtype
     proj = lambda w, eq, name: (jnp.einsum(eq, x_NxTxD, w[...].astype(cdt))
                                 + dart.lowrank(lr, 'attn', name, x_NxTxD, 1, cdt))
@@ -264,7 +265,7 @@ class Attention(nnx.Module):
     q_NxTxKxRxDh = q_NxTxHxDh.reshape(n, t, k, cfg.num_heads // k, cfg.head_dim)
     if layer_cache is None:  # Full forward: keys are this call's tokens, causal in order.
       out_NxTxKxRxDh = attention.causal_attention(q_NxTxKxRxDh, k_NxTxKxDh, v_NxTxKxDh,
-                                                  mask_NxT)
+                                                  mask_NxT, subtree_end_NxT=subtree_end_NxT)
       out_NxTxHxDh = out_NxTxKxRxDh.reshape(n, t, cfg.num_heads, cfg.head_dim)
       return (jnp.einsum('nthk,hkd->ntd', out_NxTxHxDh, self.o[...].astype(cdt))
               + dart.lowrank(lr, 'attn', 'o', out_NxTxHxDh, 2, cdt)), None
@@ -321,8 +322,9 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype, rngs)
     self.mlp = MLP(cfg, rngs)
 
-  def __call__(self, x_NxTxD, rope, mask_NxT, layer_cache, lr=None):
-    y_NxTxD, new_kv = self.attn(self.attn_norm(x_NxTxD), rope, mask_NxT, layer_cache, lr)
+  def __call__(self, x_NxTxD, rope, mask_NxT, layer_cache, lr=None, subtree_end_NxT=None):
+    y_NxTxD, new_kv = self.attn(self.attn_norm(x_NxTxD), rope, mask_NxT, layer_cache, lr,
+                                subtree_end_NxT)
     x_NxTxD = x_NxTxD + y_NxTxD
     return x_NxTxD + self.mlp(self.mlp_norm(x_NxTxD), lr), new_kv
 
@@ -338,7 +340,8 @@ class Transformer(nnx.Module):
       self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ('embed', 'vocab'),
                             cfg.param_dtype)
 
-  def hidden(self, tokens_NxT, rope, mask_NxT, cache: KVCache | None, dart_in=None):
+  def hidden(self, tokens_NxT, rope, mask_NxT, cache: KVCache | None, dart_in=None,
+             subtree_end_NxT=None):
     """dart_in: (params carrying DART's adapters, route_NxT), or None."""
     cfg = self.cfg
     x_NxTxD = jnp.take(self.embed[...], tokens_NxT, axis=0).astype(cfg.compute_dtype)
@@ -356,7 +359,8 @@ class Transformer(nnx.Module):
           cache.keys[i], cache.values[i], cache_mask_NxS, cache.end,
           [(f.keys[i], f.values[i], f.mask_AxS) for f in cache.frozen])
       lr = None if dart_in is None else dart.layer(dart_in[0], dart_in[1], i)
-      x_NxTxD, new_kv = block_call(self.layers[str(i)], x_NxTxD, rope, mask_NxT, layer_cache, lr)
+      x_NxTxD, new_kv = block_call(self.layers[str(i)], x_NxTxD, rope, mask_NxT, layer_cache, lr,
+                                   subtree_end_NxT)
       if new_kv is not None:
         new_keys.append(new_kv[0])
         new_values.append(new_kv[1])
@@ -412,7 +416,7 @@ def default_positions(mask_NxT, cache: KVCache | None = None):
 
 def apply(params: Params, tokens_NxT, *, cfg: ModelConfig, mask_NxT=None, positions_NxT=None,
           cache: KVCache | None = None, return_hidden: bool = False, rope_table=None,
-          route_NxT=None):
+          route_NxT=None, subtree_end_NxT=None):
   """Runs the transformer on T new tokens per row.
 
   Args:
@@ -430,6 +434,8 @@ def apply(params: Params, tokens_NxT, *, cfg: ModelConfig, mask_NxT=None, positi
     route_NxT: with DART's adapters in params (model/dart.py), True for tool-call tokens;
       required with a cache (the caller carries the routing state), computed from the
       tokens when None without one.
+    subtree_end_NxT: with no cache, None (causal) or int: key s is seen by queries s..end[s]
+      only (a trie packed in preorder, rollout/trie.py; give its depths as positions_NxT).
 
   Returns:
     (logits_NxTxV in fp32, or hidden_NxTxD; the updated cache or None).
@@ -454,7 +460,11 @@ def apply(params: Params, tokens_NxT, *, cfg: ModelConfig, mask_NxT=None, positi
       route_NxT, _ = dart.route(tokens_NxT, mask_NxT, params[dart.KEY])
     dart_in = (params, route_NxT)
   model = _merge(rollout_head.detach(dart.detach(params)), cfg)
-  h_NxTxD, keys, values = model.hidden(tokens_NxT, rope, mask_NxT, cache, dart_in)
+  if subtree_end_NxT is not None and cache is not None:
+    raise ValueError('transformer.apply: subtree_end_NxT (a packed trie) is for the full '
+                     'forward; a cached call attends by slots.')
+  h_NxTxD, keys, values = model.hidden(tokens_NxT, rope, mask_NxT, cache, dart_in,
+                                       subtree_end_NxT)
   new_cache = None
   if cache is not None:
     t = tokens_NxT.shape[1]

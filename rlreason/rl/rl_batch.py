@@ -227,10 +227,14 @@ def make_train_batch(run, params, rollout: Rollout, *, value_params=None):
   `value_params` is given; advantages (and GAE returns) are filled in later."""
   tokens_NxT, mask_NxT = sampler.sequences(rollout)
   length = rollout.tokens_NxL.shape[1]
-  stats = run.logprobs(params, tokens_NxT, mask_NxT, length)
+  trie = ()  # threads.trie_packing: each episode's rows as one packed trie (rollout/trie.py)
+  if run.config.get('threads') is not None and run.config.threads.get('trie_packing'):
+    from rlreason.rl import threads  # (threads imports this module)
+    trie = (threads.trie_packing(run, tokens_NxT, mask_NxT),)
+  stats = run.logprobs(params, tokens_NxT, mask_NxT, length, *trie)
   ref = stats.logprobs_NxT
   if run.objective.kl_coef:
-    ref = run.logprobs(run.ref_params, tokens_NxT, mask_NxT, length).logprobs_NxT
+    ref = run.logprobs(run.ref_params, tokens_NxT, mask_NxT, length, *trie).logprobs_NxT
   old_values = None
   if value_params is not None:
     old_values = run.values(params, value_params, tokens_NxT, mask_NxT, length)
@@ -247,7 +251,7 @@ def make_train_batch(run, params, rollout: Rollout, *, value_params=None):
       # Single-turn: one turn, id 0; episodes record each token's turn.
       turn_ids_NxL=(rollout.turn_NxL if episodes and rollout.turn_NxL is not None
                     else jnp.zeros(rollout.mask_NxL.shape, jnp.int32)),
-      old_values_NxL=old_values, version_NxL=rollout.version_NxL)
+      old_values_NxL=old_values, version_NxL=rollout.version_NxL, trie=(trie or (None,))[0])
   return batch, stats
 
 

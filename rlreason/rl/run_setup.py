@@ -309,8 +309,8 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
                                        value_optimizer=value_optimizer,
                                        to_model=stage_to_model),
         out_shardings=(state_sh, None), donate_argnums=0), make_opt)
-  logprobs = jax.jit(lambda p, t, m, l: update.logprobs_step(
-      p, t, m, cfg=cfg, completion_len=l, temperature=objective.temperature),
+  logprobs = jax.jit(lambda p, t, m, l, trie=None: update.logprobs_step(
+      p, t, m, cfg=cfg, completion_len=l, temperature=objective.temperature, trie=trie),
                      static_argnums=3)
   data_iter, eval_examples = _examples(config)
   pad_id = tok.pad_id if tok.pad_id is not None else 0

@@ -24,10 +24,22 @@ import numpy as np
 from rlreason.rl import rl_batch
 from rlreason.rl.run_setup import prompt_text
 from rlreason.rollout import fork_join
+from rlreason.rollout import sampler
+from rlreason.rollout import trie
 from rlreason.tasks import example as example_lib
 
 DEFAULT_MARKERS = dict(spawn='<', sep=',', end='>', worker_open=':', join_open='[',
                        join_sep=',', join_close=']')  # tasks/parallel_sums.THREAD_MARKERS
+
+
+def trie_packing(run, tokens_NxT, mask_NxT) -> trie.Packing:
+  """threads.trie_packing: each episode's 1 + K rows (prompt and completion) as one packed trie
+  (rollout/trie.py), of width T + K x (max_header_tokens + 1 + worker_tokens): the parent's row
+  and each worker's branch past it. A static width per prompt bucket: one compile each."""
+  t = run.config.threads
+  width = tokens_NxT.shape[1] + t.max_workers * (t.max_header_tokens + 1 + t.worker_tokens)
+  return trie.build(jax.device_get(tokens_NxT), jax.device_get(mask_NxT),
+                    rows=1 + t.max_workers, width=width)
 
 
 def spawn_format(run) -> fork_join.SpawnFormat:
@@ -82,6 +94,10 @@ def sample_and_score(run, params, examples, rng, *, step: int, times: dict):
                                      lengths_E=fork_join.total_tokens_E(loss_N, out.parent_N))
   times['time/verify_s'] = times.get('time/verify_s', 0.0) + time.perf_counter() - t0
   metrics.update(out.metrics())
+  if run.config.threads.get('trie_packing'):  # The learner's forward positions (rollout/trie.py).
+    tokens_NxT, mask_NxT = sampler.sequences(out.rollout)
+    cost = trie.positions(trie_packing(run, tokens_NxT, mask_NxT), mask_NxT)
+    metrics.update({f'threads/positions_{k}': float(v) for k, v in cost.items()})
   metrics['train/zero_variance_frac'] = rl_batch.zero_variance_fraction(rewards_BxG)
   run.data_iter.record(examples, rewards_BxG)
   rollout = rl_batch.tag_versions(out.rollout, version=step - 1)

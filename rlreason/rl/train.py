@@ -119,9 +119,10 @@ def verify_rollout(run: Run, rollout, examples, *, progress: float, times: dict[
 
 
 def run_episodes(run: Run, params, examples, rng, *, group_size: int, temperature: float,
-                 rollback=None):
+                 rollback=None, slots: int = 0):
   """G episodes per example with the run's environment (config.env), on the sampling mesh;
-  `rollback` (rollout/rollback.Settings) for training episodes only."""
+  `rollback` (rollout/rollback.Settings) for training episodes only; `slots` > 0: continuous
+  batching, one episode per slot (rollout/continuous_episodes.py, rl.sampler='continuous')."""
   e, rl = run.config.env, run.config.rl
   if e.get('kind', 'tools') == 'artist':  # ARTIST: a controller row and a reasoner row each.
     from rlreason.rollout import roles
@@ -139,6 +140,15 @@ def run_episodes(run: Run, params, examples, rng, *, group_size: int, temperatur
           max_turns=e.max_turns, max_turn_tokens=e.max_turn_tokens,
           state_tokens=max(run.config.data.prompt_buckets), rng=rng, temperature=temperature,
           top_k=rl.top_k, top_p=rl.top_p, pad_id=run.pad_id, max_chunks=rl.decode_chunks)
+  if slots:
+    from rlreason.rollout import continuous_episodes
+    with jax.set_mesh(run.sample_mesh):
+      return continuous_episodes.run_episodes(
+          params, run.env, run.renderer, run.tok, examples, cfg=run.cfg, group_size=group_size,
+          slots=slots, max_turns=e.max_turns, max_turn_tokens=e.max_turn_tokens,
+          max_observation_tokens=e.max_observation_tokens, max_total_tokens=rl.max_new_tokens,
+          rng=rng, prompt_buckets=run.config.data.prompt_buckets, temperature=temperature,
+          top_k=rl.top_k, top_p=rl.top_p, pad_id=run.pad_id, max_workers=e.workers)
   with jax.set_mesh(run.sample_mesh):
     return episodes_lib.run_episodes(
         params, run.env, run.renderer, run.tok, examples, cfg=run.cfg, group_size=group_size,
@@ -155,7 +165,9 @@ def sample_episodes(run: Run, params, examples, rng, *, step: int, times: dict[s
   with phase(times, 'generate'):
     episodes = run_episodes(run, params, examples, rng, group_size=run.config.rl.group_size,
                             temperature=run.config.rl.temperature,
-                            rollback=rollback_lib.from_config(run.config.env))
+                            rollback=rollback_lib.from_config(run.config.env),
+                            slots=run.config.rl.slots
+                            if run.config.rl.get('sampler', 'static') == 'continuous' else 0)
   scores = score_episodes(run, episodes)
   rollout = tag_versions(episodes.rollout, version=step - 1)
   sampled = int(jax.device_get(episodes.rollout.loss_mask_NxL.sum()))
@@ -293,7 +305,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[st
   eval_metrics, pending = {}, None
   tracker = monitors.Tracker.from_config(config.monitors) if config.monitors.enabled else None
   for step in range(start + 1, config.rl.steps + 1):
-    times, t0 = {}, time.perf_counter()
+    times, t0, cpu0 = {}, time.perf_counter(), time.process_time()
     with jax.set_mesh(run.mesh):
       state, metrics = rl_step(run, state, step, times, async_sampler)
     if pending is not None:  # Step t-1's device scalars, read while step t ran.
@@ -303,6 +315,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[st
                                                      writer)
     metrics.update(times)
     metrics['time/step_s'] = time.perf_counter() - t0
+    metrics['time/step_cpu_s'] = time.process_time() - cpu0  # This process's CPU time.
     if config.eval.every and (step % config.eval.every == 0 or step == config.rl.steps):
       with phase(metrics, 'eval'):
         eval_metrics = evaluate_policy(run, run.policy(state.params), run.eval_rng, step=step)

@@ -41,6 +41,7 @@ from rlreason.objectives import offpolicy
 from rlreason.objectives import token_stats
 from rlreason.objectives import vocab_parallel
 from rlreason.objectives.loss_diagnostics import policy_metrics
+from rlreason.rollout import trie as trie_lib
 from rlreason.structs import TrainBatch, TrainState
 
 
@@ -116,23 +117,26 @@ def _output_matrix(params, cfg: transformer.ModelConfig):
   return params['embed'].T if cfg.tie_embeddings else params['lm_head']
 
 
-def _completion_hidden(params, tokens_NxT, mask_NxT, *, cfg, completion_len):
-  """Hidden states NxLxD that predict completion token l (position P + l - 1)."""
+def _completion_hidden(params, tokens_NxT, mask_NxT, *, cfg, completion_len, trie=None):
+  """Hidden states NxLxD that predict completion token l (position P + l - 1); with `trie`
+  (rollout/trie.Packing: threads.trie_packing), from one forward per episode's packed trie."""
   p = tokens_NxT.shape[1] - completion_len
+  if trie is not None:
+    return trie_lib.packed_hidden(params, tokens_NxT, mask_NxT, trie, cfg=cfg)[:, p - 1:-1]
   h_NxTxD, _ = transformer.apply(params, tokens_NxT, cfg=cfg, mask_NxT=mask_NxT, return_hidden=True)
   return h_NxTxD[:, p - 1:-1]
 
 
 def completion_stats(params, tokens_NxT, mask_NxT, *, cfg: transformer.ModelConfig,
                      completion_len: int, temperature: float = 1.0, token_chunk: int = 512,
-                     vocab_chunk: int = 8192, value_params=None):
+                     vocab_chunk: int = 8192, value_params=None, trie=None):
   """Log-prob, entropy and sum of squared probs of each completion token (NxL), chunked.
 
   With `value_params`, (stats, values_NxL): the critic's V at the state before each completion
   token, from the same forward (verl reads values[:, P-1:-1] the same way).
   """
   h_NxLxD = _completion_hidden(params, tokens_NxT, mask_NxT, cfg=cfg,
-                               completion_len=completion_len)
+                               completion_len=completion_len, trie=trie)
   # Vocabulary-parallel (shard_map) under a mesh whose TRAIN_RULES shard the LM head's vocab
   # over 'tensor'; otherwise token_stats.token_stats_from_hidden itself.
   # R²PO's rollout head, when the params carry it: [h, ReLU(h W1)] @ [W_lm; W2].
@@ -155,11 +159,11 @@ def values_step(params, value_params, tokens_NxT, mask_NxT, *, cfg: transformer.
 
 
 def logprobs_step(params, tokens_NxT, mask_NxT, *, cfg: transformer.ModelConfig, completion_len: int,
-                  temperature: float = 1.0) -> token_stats.TokenStats:
+                  temperature: float = 1.0, trie=None) -> token_stats.TokenStats:
   """Old or reference log-probs (and OTB's per-token statistics), without gradients."""
   return jax.lax.stop_gradient(completion_stats(
       params, tokens_NxT, mask_NxT, cfg=cfg, completion_len=completion_len,
-      temperature=temperature))
+      temperature=temperature, trie=trie))
 
 
 def _policy_loss_kwargs(fn, batch: TrainBatch, objective: Objective) -> dict[str, Any]:
@@ -198,7 +202,8 @@ def loss_fn(params, batch: TrainBatch, denominator, *, cfg: transformer.ModelCon
   """
   out = completion_stats(params, batch.tokens_NxT, batch.mask_NxT, cfg=cfg,
                          completion_len=batch.loss_mask_NxL.shape[1],
-                         temperature=objective.temperature, value_params=value_params)
+                         temperature=objective.temperature, value_params=value_params,
+                         trie=batch.trie)
   stats, values_NxL = out if value_params is not None else (out, None)
   logprobs_NxL, mask_NxL = stats.logprobs_NxT, batch.loss_mask_NxL
   fn = losses.get_policy_loss(objective.policy_loss)
@@ -252,7 +257,7 @@ def weights_denominator(params, batch: TrainBatch, *, cfg: transformer.ModelConf
   def body(total, micro):
     stats = completion_stats(params, micro.tokens_NxT, micro.mask_NxT, cfg=cfg,
                              completion_len=micro.loss_mask_NxL.shape[1],
-                             temperature=objective.temperature)
+                             temperature=objective.temperature, trie=micro.trie)
     _, weights_NxL, _ = fn(stats.logprobs_NxT, micro.old_logprobs_NxL, micro.advantages_NxL,
                            micro.loss_mask_NxL, **_policy_loss_kwargs(fn, micro, objective))
     return total + aggregation.denominators(weights_NxL, mode='token_mean'), None

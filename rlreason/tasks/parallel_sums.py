@@ -24,12 +24,16 @@ Every sub-problem needs the same work in both formats; the threaded parent write
 spawn block instead of the groups' lines, so its critical path is about spawn + one group + the
 ending, against all groups + the ending sequentially.
 
+`STEP_PARSER` cuts the sequential solution into steps for tasks/thread_rewrite.py (stage 1 of
+ThreadWeaver's two-stage rewrite into threads).
+
 Not here: tokenization (a character vocabulary from `CHARS`), the sampler (rollout/fork_join.py).
 """
 
 import string
 
 from rlreason.tasks import example as example_lib
+from rlreason.tasks import thread_rewrite
 
 NAME = 'parallel_sums'
 DEFAULT_DIFFICULTY = 4
@@ -105,3 +109,47 @@ def threaded_teacher(example: example_lib.Example, rng) -> list[list]:
     return [[spawn, True], [join, False], [ending, True]]
   header, out = workers[k - 1]
   return [[spawn + header + m['worker_open'], False], [out, True]]
+
+
+def _parse_steps(example: example_lib.Example, text: str):
+  """thread_rewrite's stage 1 on a sequential solution 'a:3489 b:5473 c:5831 +951 #### 1':
+  one step per group line (independent: it reads the prompt only), the '+' line (reads every
+  group's value), and the tail ' #### 1'; None if the text is not of that shape."""
+  at = text.rfind(example_lib.ANSWER_MARKER)
+  if at < 0:
+    return None
+  labels = string.ascii_lowercase[:len(example.meta['groups'])]
+  parts = text[:at].split(' ')
+  if len(parts) != len(labels) + 1 or not parts[-1].startswith('+'):
+    return None
+  steps = []
+  for label, part in zip(labels, parts):
+    head, _, digits = part.partition(':')
+    if head != label or not digits.isdigit():
+      return None
+    steps.append(thread_rewrite.Step(label, digits, (), part))
+  total = parts[-1][1:]
+  if not total.isdigit():
+    return None
+  steps.append(thread_rewrite.Step('+', total, tuple(labels), parts[-1]))
+  return steps, text[at:]
+
+
+def _check_step(example: example_lib.Example, step, results) -> bool:
+  """A group's line from its digits in the prompt; the '+' line from the groups' values."""
+  if step.label == '+':
+    values = [results[label][-1:] for label in step.inputs]
+    return all(v.isdigit() for v in values) and step.result == _running(map(int, values))
+  index = string.ascii_lowercase.index(step.label)
+  return step.result == _running(example.meta['groups'][index])
+
+
+def _verify_parent(example: example_lib.Example, text: str) -> bool:
+  from rlreason.verifiers import synthetic_tasks
+  return synthetic_tasks.verify_arithmetic({'completion': text,
+                                            'answer': example.answer}).reward == 1.0
+
+
+# thread_rewrite's parser of the sequential solution (two-stage threaded SFT data).
+STEP_PARSER = thread_rewrite.StepParser(parse=_parse_steps, check=_check_step,
+                                        verify=_verify_parent, markers=THREAD_MARKERS)

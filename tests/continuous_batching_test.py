@@ -168,9 +168,9 @@ def test_config_checks_name_the_field(overrides, match):
     config_lib.validate(c, num_devices=1)
 
 
-def test_config_refuses_continuous_batching_for_episodes():
-  c = config_lib.default()
+def test_config_refuses_continuous_batching_for_episodes_it_does_not_carry():
+  c = config_lib.default()  # Plain tool episodes are accepted: continuous_episodes_test.py.
   c.rl.prompts_per_step, c.rl.group_size = 4, 2
-  c.rl.sampler, c.rl.slots, c.env.enabled = 'continuous', 4, True
-  with pytest.raises(ValueError, match="rl.sampler='continuous'.*env.enabled"):
+  c.rl.sampler, c.rl.slots, c.env.enabled, c.env.state = 'continuous', 4, True, 'typed'
+  with pytest.raises(ValueError, match="rl.sampler='continuous'.*env.state"):
     config_lib.validate(c, num_devices=1)

@@ -180,8 +180,13 @@ def _check_continuous(c, check) -> None:
         "(rl.sampler='continuous' admits a group into G slots at once).")
   check(rl.slots <= n, f'rl.slots={rl.slots} exceeds the rl.prompts_per_step * rl.group_size '
                        f'= {n} rows of a step.')
-  check(not c.env.enabled, "rl.sampler='continuous' samples single-turn rollouts; env.enabled "
-                           "episodes use rollout/episodes.py (set rl.sampler='static').")
+  if c.env.enabled:  # One tool-using episode per slot (rollout/continuous_episodes.py).
+    for field, on in [('env.kind', c.env.get('kind', 'tools') != 'tools'),
+                      ('env.state', c.env.get('state', 'raw') != 'raw'),
+                      ('env.rollback.enabled', c.env.rollback.enabled),
+                      ('lora.routing', c.lora.enabled and bool(c.lora.get('routing')))]:
+      check(not on, f"rl.sampler='continuous' runs plain tool episodes (one per slot): "
+                    f"{field} is not supported with it (set rl.sampler='static').")
 
 
 def _check_sandbox(c, check) -> None:

@@ -22,7 +22,7 @@ def check_partial_rollouts(c, check) -> None:
   unsupported = [('rl.dynamic_sampling', rl.dynamic_sampling),
                  ('rl.async_mode', bool(rl.get('async_mode', ''))),
                  ('prefix_rollouts.enabled', c.prefix_rollouts.enabled),
-                 ('hapo.enabled', c.hapo.enabled),
+                 ('hapo.enabled', c.hapo.enabled), ('env.enabled', c.env.enabled),
                  ('threads.enabled', c.get('threads') is not None and c.threads.enabled)]
   for field, on in unsupported:
     check(not on, f'rl.partial_rollouts draws each step\'s groups from its carried pool: '

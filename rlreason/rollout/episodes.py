@@ -136,9 +136,15 @@ def run_episodes(params, env, renderer, tok, examples: Sequence[Any], *, cfg, gr
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                  pad_id: int = 0, stop_seqs: Sequence[Sequence[int]] | None = None,
                  cache_dtype: str | None = None, mesh=None, max_workers: int = 8,
-                 rollback: rollback_lib.Settings | None = None) -> Episodes:
+                 rollback: rollback_lib.Settings | None = None,
+                 row_rng: bool = False) -> Episodes:
   """Runs G episodes per example to their end; see the module docstring. With `rollback`,
-  failed calls of its error classes are replaced by their corrections (rollback.py)."""
+  failed calls of its error classes are replaced by their corrections (rollback.py).
+  row_rng: row n's token at completion column c is drawn with sampling.step_keys(row_keys(
+  rng, n), c), whatever the batch or turn (continuous_episodes.py draws the same tokens)."""
+  if row_rng and rollback is not None:
+    raise ValueError('run_episodes: row_rng=True does not support rollback (its retries draw '
+                     'from their own keys).')
   if max_turns < 1 or max_turn_tokens < 1 or max_total_tokens < 1:
     raise ValueError(f'max_turns={max_turns}, max_turn_tokens={max_turn_tokens} and '
                      f'max_total_tokens={max_total_tokens} must be >= 1.')
@@ -164,7 +170,8 @@ def run_episodes(params, env, renderer, tok, examples: Sequence[Any], *, cfg, gr
     prompts = jax.tree.map(rows, prompts)
   state = _start_fn(**static)(params, prompts)
   decode = _decode_fn(**static, steps=max_turn_tokens, greedy=temperature == 0, top_k=int(top_k),
-                      top_p=float(top_p), eos=eos, stop_seqs=stop_seqs)
+                      top_p=float(top_p), eos=eos, stop_seqs=stop_seqs,
+                **({'row_rng': True} if row_rng else {}))  # The default's cache key unchanged.
   observe = _observe_fn(**static, width=max_observation_tokens)
   temp = jnp.float32(max(temperature, 1e-6))
 
@@ -183,7 +190,7 @@ def run_episodes(params, env, renderer, tok, examples: Sequence[Any], *, cfg, gr
     for turn in range(max_turns):
       saved = rollback_lib.save(state) if tracker else None
       state = decode(params, state, jnp.asarray(live), jnp.int32(turn), temp,
-                     jax.random.fold_in(rng, turn))
+                     rng if row_rng else jax.random.fold_in(rng, turn))
       tokens = np.asarray(jax.device_get(state.tokens_NxL))
       new_count = np.asarray(jax.device_get(state.count_N))
       rows = np.flatnonzero(live)
@@ -312,7 +319,7 @@ def _write(buf_NxL, col_N, x_N, ok_N):
 
 @functools.lru_cache(maxsize=16)
 def _decode_fn(*, cfg, group_size, length, slots, pad_id, cache_dtype, mesh, steps, greedy,
-               top_k, top_p, eos, stop_seqs):
+               top_k, top_p, eos, stop_seqs, row_rng=False):
   del group_size, cache_dtype
   eos_E = jnp.asarray(eos or (-1,), jnp.int32)
   width = max([len(s) for s in stop_seqs] + [1])
@@ -327,12 +334,13 @@ def _decode_fn(*, cfg, group_size, length, slots, pad_id, cache_dtype, mesh, ste
     # A row's RoPE positions stay below its prompt's length + `length`.
     rope_table = transformer.rope_table(cfg, state.cache.frozen[0].mask_AxS.shape[1] + length + 1)
     n = live_N.shape[0]
+    keys_N = sampling.row_keys(rng, jnp.arange(n)) if row_rng else None
 
     def body(carry):
       i, st, going_N, recent_NxW = carry
-      tok_N, lp_N, blp_N = sampling.next_token(st.logits_NxV, jax.random.fold_in(rng, i),
-                                               temperature, greedy=greedy, top_k=top_k,
-                                               top_p=top_p)
+      key = (sampling.step_keys(keys_N, st.count_N) if row_rng else jax.random.fold_in(rng, i))
+      tok_N, lp_N, blp_N = sampling.next_token(st.logits_NxV, key, temperature, greedy=greedy,
+                                               top_k=top_k, top_p=top_p, per_row_keys=row_rng)
       tok_N = jnp.where(going_N, tok_N, pad_id)
       col_N = st.count_N
       st = st.replace(

@@ -245,3 +245,21 @@ def test_more_slots_than_the_memory_budget_allows_names_rl_slots():
   partial_rollouts.check_sample_memory(_config(sample_memory_gb=0.0), CFG)  # 0: no check.
   with pytest.raises(ValueError, match=r'rl.slots=4: .*rl.sample_memory_gb=.*at most 2 slots'):
     partial_rollouts.check_sample_memory(_config(sample_memory_gb=(fits - 1) / 2**30), CFG)
+
+
+def test_staleness_by_length_hand_case():
+  # Learner version 5. Row 0: fresh (length 2); row 1: its first token by version 4 (3);
+  # row 2: by 3, two steps stale (4); row 3: a teacher token (-1) is not sampled: fresh (2).
+  v = [[5, 5, 0, 0], [4, 5, 5, 0], [3, 4, 5, 5], [-1, 5, 0, 0]]
+  lengths = np.array([2, 3, 4, 2])
+  rollout = type('Rollout', (), dict(  # The fields it reads.
+      version_NxL=np.array(v), lengths_N=lengths,
+      mask_NxL=np.arange(4)[None, :] < lengths[:, None]))
+  got = partial_rollouts.staleness_by_length(rollout, learner_version=5)
+  assert got == {'partial/rows_by_staleness/0': 2, 'partial/length_by_staleness/0': 2.0,
+                 'partial/rows_by_staleness/1': 1, 'partial/length_by_staleness/1': 3.0,
+                 'partial/rows_by_staleness/2': 1, 'partial/length_by_staleness/2': 4.0}
+  # Staleness 3 and more share the last bucket; an empty bucket has length 0.
+  got = partial_rollouts.staleness_by_length(rollout, learner_version=7, buckets=2)
+  assert got == {'partial/rows_by_staleness/0': 0, 'partial/length_by_staleness/0': 0.0,
+                 'partial/rows_by_staleness/1': 4, 'partial/length_by_staleness/1': 2.75}

@@ -23,6 +23,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 
 from rlreason.rl import checkpoint
@@ -189,5 +190,25 @@ def sample_and_verify(run, params, examples, rng, *, step: int, progress: float,
     times[f'tokens/{name}'] = times.get(f'tokens/{name}', 0) + tokens
   run.data_iter.record(examples, scores.rewards_BxG)
   scores.metrics.update(metrics)
+  scores.metrics.update(staleness_by_length(rollout, learner_version=step - 1))
   scores.metrics['train/zero_variance_frac'] = rl_batch.zero_variance_fraction(scores.rewards_BxG)
   return rollout, scores
+
+
+def staleness_by_length(rollout, *, learner_version: int, buckets: int = 3) -> dict:
+  """The length bias of releasing groups in finishing order: rows by the staleness of their
+  oldest sampled token (0, 1, ..., `buckets` - 1 or more), their count and mean length
+  (`partial/rows_by_staleness/<s>`, `partial/length_by_staleness/<s>`; 0 with no rows)."""
+  version_NxL, mask_NxL, lengths_N = jax.device_get(
+      (rollout.version_NxL, rollout.mask_NxL, rollout.lengths_N))
+  sampled_NxL = mask_NxL & (version_NxL >= 0)
+  oldest_N = np.where(sampled_NxL, version_NxL, learner_version).min(axis=1)
+  bucket_N = np.minimum(learner_version - oldest_N, buckets - 1)
+  metrics = {}
+  for s in range(buckets):
+    rows_N = bucket_N == s
+    count = rows_N.sum()
+    metrics[f'partial/rows_by_staleness/{s}'] = int(count)
+    metrics[f'partial/length_by_staleness/{s}'] = (
+        float(lengths_N[rows_N].mean()) if count else 0.0)
+  return metrics

@@ -197,9 +197,11 @@ def default() -> ml_collections.ConfigDict:
   # 'answer' (a correct final answer) or 'rrs' (KBQA-R1's Referenced Rejection Sampling: the
   # executed tool calls are the gold action sequence), up to filter_tries traces per problem;
   # the last two execute the traces in the run's environment (env.enabled).
+  # num_demos: 0 draws fresh problems every step; N cycles over the first N (a small
+  # demonstration set, e.g. DC-CoT's warm start in the spawn format: rl/dccot.py).
   c.sft = ml_collections.ConfigDict(dict(
       steps=0, batch_size=256, lr=1e-5, warmup_steps=50, decay=True, grad_clip=1.0, teacher='',
-      teacher_options={}, filter='unfiltered', filter_tries=4))
+      teacher_options={}, filter='unfiltered', filter_tries=4, num_demos=0))
 
   # Multi-turn episodes with tools (rollout/episodes.py, envs/). When enabled, each row is an
   # episode: the model's turns, the tools' observations between them, rl.max_new_tokens real
@@ -256,6 +258,12 @@ def default() -> ml_collections.ConfigDict:
   c.threads = ml_collections.ConfigDict(dict(
       enabled=False, max_workers=4, parent_tokens=16, worker_tokens=16, final_tokens=16,
       max_header_tokens=4, markers={}, trie_packing=False))
+  # DC-CoT's multi-stage RL on threaded rollouts (rl/dccot.py, our formalisation [F]): with
+  # threads.enabled, an episode's reward is  answer - format_weight (1 - spawn valid)
+  # - worker_weight (1 - workers' subtasks right)  [stage 1: steps <= stage1_steps], plus
+  # path_weight * correct * (1 - longest_path / total_tokens)  [stage 2].
+  c.dccot = ml_collections.ConfigDict(dict(
+      enabled=False, stage1_steps=0, path_weight=0.5, format_weight=0.0, worker_weight=0.0))
 
   # num_prompts 500: MATH-500's size; a file's eval set is cut to it (GSM8K's test set has 1319).
   # diversity: how the k samples per prompt differ (rl/diversity.py): 'iid', or a fixed

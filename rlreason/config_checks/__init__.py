@@ -135,6 +135,8 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
     agents.check_slate(c, check)
   if c.get('threads') is not None and c.threads.enabled:
     threads.check_threads(c, check)
+  if c.get('dccot') is not None and c.dccot.enabled:
+    threads.check_dccot(c, check)
   if c.env.enabled:
     agents.check_env(c, check)
   else:
@@ -163,6 +165,8 @@ def _check_sft_filter(c, check) -> None:
   """sft.filter 'answer' / 'rrs' execute a teacher's traces in the run's environment."""
   s = c.sft
   check(s.filter in SFT_FILTERS, f'sft.filter={s.filter!r}; known: {list(SFT_FILTERS)}.')
+  n = s.get('num_demos', 0)
+  check(isinstance(n, int) and n >= 0, f'sft.num_demos={n!r} must be an integer >= 0.')
   if s.filter != 'unfiltered' and s.steps > 0:
     check(c.env.enabled, f'sft.filter={s.filter!r} executes the teacher\'s traces in the '
                          'environment: set env.enabled and env.tools.')

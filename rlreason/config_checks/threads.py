@@ -35,3 +35,22 @@ def check_threads(c, check) -> None:
                    ('reward_model', c.get('reward_model') and c.reward_model.path)):
     check(not on, f'threads.enabled does not combine with {name} (its rows are single '
                   'completions or episodes, not threads).')
+
+
+def check_dccot(c, check) -> None:
+  """DC-CoT's stage rewards (rl/dccot.py) score threaded episodes; weights are non-negative."""
+  from rlreason.tasks import parallel_sums
+  d = c.dccot
+  check(c.get('threads') is not None and c.threads.enabled,
+        'dccot.enabled rewards threaded episodes: set threads.enabled.')
+  check(isinstance(d.stage1_steps, int) and d.stage1_steps >= 0,
+        f'dccot.stage1_steps={d.stage1_steps!r} must be an integer >= 0.')
+  for field in ('path_weight', 'format_weight', 'worker_weight'):
+    check(isinstance(d[field], (int, float)) and d[field] >= 0,
+          f'dccot.{field}={d[field]!r} must be a number >= 0.')
+  options = dict(c.data.task_options)
+  if c.data.task == 'parallel_sums' and c.get('threads') is not None:
+    groups = options.get('groups', parallel_sums.DEFAULT_GROUPS)
+    check(groups <= c.threads.max_workers,
+          f'dccot: data.task_options groups={groups} exceeds threads.max_workers='
+          f'{c.threads.max_workers} (the director spawns one worker per group).')

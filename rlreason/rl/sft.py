@@ -9,6 +9,7 @@ Deliberately not here: the RL loop (train.py), the run's construction (run_setup
 
 import functools
 import importlib
+import itertools
 from typing import Callable
 
 import jax
@@ -29,6 +30,21 @@ def teacher_fn(name: str, options) -> Callable:
   module, attr = name.split(':')
   fn = getattr(importlib.import_module(module), attr)
   return lambda example, rng: fn(example, rng=rng, **dict(options))
+
+
+def problem_stream(config, *, seed_offset: int = 0):
+  """The warm start's train-split problems (a seed apart from the RL loop's)."""
+  d = config.data
+  return data.synthetic_stream(d.task, seed=config.seed + 7919 + seed_offset,
+                               difficulty=d.difficulty, options=dict(d.task_options),
+                               held_out_fraction=d.held_out_fraction)
+
+
+def demonstration_set(config, *, seed_offset: int = 0) -> list:
+  """The first sft.num_demos problems, which the warm start cycles over (a small
+  demonstration set); [] when num_demos is 0 (fresh problems every step)."""
+  n = config.sft.get('num_demos', 0)
+  return list(itertools.islice(iter(problem_stream(config, seed_offset=seed_offset)), n))
 
 
 def sft_batch(run: Run, examples, solutions, length: int):
@@ -88,10 +104,10 @@ def sft_loop(run: Run, state, *, steps: int, writer=None, solutions=None, seed_o
                                              to_model=adapters.to_model(run.adapter, base,
                                                                         run.cfg)),
       donate_argnums=0), base=base)  # The base is an argument, never a baked-in constant.
-  stream = iter(data.batched(data.synthetic_stream(
-      run.config.data.task, seed=run.config.seed + 7919 + seed_offset, difficulty=run.config.data.difficulty,
-      options=dict(run.config.data.task_options),
-      held_out_fraction=run.config.data.held_out_fraction), s.batch_size))
+  demos, bs = demonstration_set(run.config, seed_offset=seed_offset), s.batch_size
+  stream = (([demos[(i * bs + j) % len(demos)] for j in range(bs)] for i in itertools.count())
+            if demos else iter(data.batched(problem_stream(run.config, seed_offset=seed_offset),
+                                            bs)))
   rng = np.random.default_rng([run.config.seed, 1, seed_offset])
   metrics = {}
   for i in range(steps):

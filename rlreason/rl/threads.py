@@ -10,7 +10,8 @@ every worker's sampled tokens are trained once each with the episode's advantage
 
 Metrics (fork_join.ThreadedRollout.metrics): threads/total_tokens_mean, threads/
 longest_path_mean (the critical path: parent + longest worker), threads/per_episode_mean,
-threads/spawned_frac.
+threads/spawned_frac. With dccot.enabled the episode's reward is DC-CoT's stage reward
+(rl/dccot.py) and the verifier's stays in verifier_BxG.
 
 Not here: the sampling mechanism (rollout/fork_join.py); evaluation, which samples one
 thread per answer (rl/evaluate.py: a threaded policy is evaluated without forking).
@@ -21,6 +22,7 @@ import time
 import jax
 import numpy as np
 
+from rlreason.rl import dccot
 from rlreason.rl import rl_batch
 from rlreason.rl.run_setup import prompt_text
 from rlreason.rollout import fork_join
@@ -98,9 +100,14 @@ def sample_and_score(run, params, examples, rng, *, step: int, times: dict):
     tokens_NxT, mask_NxT = sampler.sequences(out.rollout)
     cost = trie.positions(trie_packing(run, tokens_NxT, mask_NxT), mask_NxT)
     metrics.update({f'threads/positions_{k}': float(v) for k, v in cost.items()})
+  verifier_BxG = rewards_BxG
+  if run.config.get('dccot') is not None and run.config.dccot.enabled:  # DC-CoT's stages
+    rewards_BxG, stage_metrics = dccot.stage_rewards(run, out, examples, verifier_BxG,
+                                                     step=step, fmt=spawn_format(run))
+    metrics.update(stage_metrics)
   metrics['train/zero_variance_frac'] = rl_batch.zero_variance_fraction(rewards_BxG)
-  run.data_iter.record(examples, rewards_BxG)
+  run.data_iter.record(examples, verifier_BxG)
   rollout = rl_batch.tag_versions(out.rollout, version=step - 1)
-  return rollout, rl_batch.Scores(rewards_BxG=rewards_BxG, verifier_BxG=rewards_BxG,
+  return rollout, rl_batch.Scores(rewards_BxG=rewards_BxG, verifier_BxG=verifier_BxG,
                                   modes_BxG=np.full(rewards_BxG.shape, -1, np.int32),
                                   metrics=metrics)

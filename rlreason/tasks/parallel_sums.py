@@ -54,14 +54,17 @@ def _running(digits) -> str:
 
 
 def generate(seed: int, index: int, *, difficulty: int = DEFAULT_DIFFICULTY,
-             groups: int = DEFAULT_GROUPS) -> example_lib.Example:
-  """The (seed, index)-th problem: `groups` groups of `difficulty` random digits."""
-  if not 1 <= groups <= MAX_GROUPS or difficulty < 1:
-    raise ValueError(f'parallel_sums: groups={groups} must be in [1, {MAX_GROUPS}] and '
-                     f'difficulty={difficulty} >= 1.')
+             groups: int = DEFAULT_GROUPS, min_groups: int = 0) -> example_lib.Example:
+  """The (seed, index)-th problem: `groups` groups of `difficulty` random digits, or, with
+  `min_groups` >= 1, a number of groups drawn uniformly from [min_groups, groups] (DC-CoT's
+  director then has a varying number of subtasks to spawn: rl/dccot.py)."""
+  if not 1 <= groups <= MAX_GROUPS or difficulty < 1 or not 0 <= min_groups <= groups:
+    raise ValueError(f'parallel_sums: groups={groups} must be in [1, {MAX_GROUPS}], '
+                     f'min_groups={min_groups} in [0, groups] and difficulty={difficulty} >= 1.')
   rng = example_lib.example_rng(NAME, seed, index, difficulty * 16 + groups)
-  digits = rng.integers(0, 10, size=(groups, difficulty)).tolist()
-  labels = string.ascii_lowercase[:groups]
+  count = int(rng.integers(min_groups, groups + 1)) if min_groups else groups
+  digits = rng.integers(0, 10, size=(count, difficulty)).tolist()
+  labels = string.ascii_lowercase[:count]
   prompt = ' '.join(f'{l}:{"".join(map(str, d))}' for l, d in zip(labels, digits)) + '='
   lines = [_running(d) for d in digits]
   values = [int(line[-1]) for line in lines]

@@ -149,3 +149,14 @@ def test_packed_forward_equals_the_per_row_forward_logprobs_loss_and_gradient():
 
 def optax_norm(tree):
   return jnp.sqrt(sum(jnp.sum(x * x) for x in jax.tree.leaves(tree)))
+
+
+def test_config_checks_name_trie_packing():
+  from rlreason import config as config_lib
+  from experiments import parallel_reasoning
+  c = parallel_reasoning.get_config('runlocal')
+  c.threads.trie_packing = True
+  config_lib.validate(c, num_devices=8)
+  c.rl.micro_batches = c.rl.prompts_per_step * c.rl.group_size + 1
+  with pytest.raises(ValueError, match='threads.trie_packing packs whole episodes'):
+    config_lib.validate(c, num_devices=8)

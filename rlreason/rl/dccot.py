@@ -24,8 +24,9 @@ w_w = 0: stage 1 is correctness only, as DC-CoT's accuracy-recovery stage). The 
 estimator then turns r into one advantage per episode, repeated over its 1 + K rows
 (rl/threads.py). Every component and weighted term is logged per step (`dccot/...`).
 
-Not here: sampling (rollout/fork_join.py), the demonstrations (tasks/dccot_demos.py), DC-CoT's
-data filters (a zero-variance filter exists as rl.filter_groups where supported).
+Not here: sampling (rollout/fork_join.py), the demonstrations (tasks/dccot_demos.py). Not
+built: DC-CoT's per-stage data filters (rl.dynamic_sampling's zero-variance filter is the
+nearest; it is untested with threaded rows).
 """
 
 import dataclasses

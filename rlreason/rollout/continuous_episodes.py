@@ -234,13 +234,11 @@ def _new_pool(prompts: Prompts, key_data_N, *, cfg, group_size, slots, length, w
       row_S=zeros((s,)), going_S=zeros((s,), bool), turn_S=zeros((s,)), steps_S=zeros((s,)),
       recent_SxW=jnp.full((s, stop_width), -3, jnp.int32),
       logits_SxV=zeros((s, cfg.vocab_size), jnp.float32),
-      tokens_NxL=jnp.full((n, length), pad_id, jnp.int32), logp_NxL=zeros((n, length),
-                                                                           jnp.float32),
-      blogp_NxL=zeros((n, length), jnp.float32), sampled_NxL=zeros((n, length), bool),
-      turn_NxL=zeros((n, length)), count_N=zeros((n,)),
+      tokens_NxL=jnp.full((n, length), pad_id, jnp.int32), count_N=zeros((n,)),
+      logp_NxL=zeros((n, length), jnp.float32), blogp_NxL=zeros((n, length), jnp.float32),
+      sampled_NxL=zeros((n, length), bool), turn_NxL=zeros((n, length)),
       prompt_tokens_KxP=jnp.array(prompts.tokens_BxP),
-      prompt_mask_KxP=jnp.array(prompts.mask_BxP),
-      key_data_N=jnp.array(key_data_N))
+      prompt_mask_KxP=jnp.array(prompts.mask_BxP), key_data_N=jnp.array(key_data_N))
 
 
 def _set(x, idx, value):
@@ -265,9 +263,9 @@ def _admit_fn(*, cfg, group_size, slots, length, width, pad_id, cache_dtype):
                            for h, x in zip(pool['hist_v'], values))
     pool['hist_mask'] = pool['hist_mask'].at[slots_G].set(
         jnp.pad(mask_GxP, ((0, 0), (0, cols - p))))
-    for name, x in (('pos_S', pos_G), ('col_S', p), ('row_S', b * group_size
-                                                       + jnp.arange(group_size)),
-                    ('going_S', True), ('turn_S', 0), ('steps_S', 0), ('logits_SxV', logits_GxV)):
+    rows_G = b * group_size + jnp.arange(group_size)
+    for name, x in (('pos_S', pos_G), ('col_S', p), ('row_S', rows_G), ('going_S', True),
+                    ('turn_S', 0), ('steps_S', 0), ('logits_SxV', logits_GxV)):
       pool[name] = _set(pool[name], slots_G, x)
     return pool
 
@@ -286,9 +284,13 @@ def _one_slot(params, cfg, rope_table, tok_T, mask_T, keys, values, mask_W, col,
           cache.mask_NxS[0], cache.pos_N[0])
 
 
-def _feed(params, cfg, pool, tok_SxT, mask_SxT, col_S):
-  p = pool['prompt_tokens_KxP'].shape[1]
-  rope_table = transformer.rope_table(cfg, p + pool['tokens_NxL'].shape[1] + 1)
+def _rope_table(cfg, pool):
+  """RoPE's table over every position a slot reaches (below its prompt's length + L)."""
+  return transformer.rope_table(cfg, pool['prompt_tokens_KxP'].shape[1]
+                                + pool['tokens_NxL'].shape[1] + 1)
+
+
+def _feed(params, cfg, rope_table, pool, tok_SxT, mask_SxT, col_S):
   h_SxTxD, keys, values, mask_SxW, pos_S = jax.vmap(
       functools.partial(_one_slot, params, cfg, rope_table))(
           tok_SxT, mask_SxT, pool['hist_k'], pool['hist_v'], pool['hist_mask'], col_S,
@@ -320,6 +322,7 @@ def _decode_fn(*, cfg, group_size, slots, length, width, pad_id, cache_dtype, ch
     n = pool['count_N'].shape[0]
     cols = pool['hist_mask'].shape[1]
     recent = jnp.full(pool['recent_SxW'].shape, -3, jnp.int32)
+    rope_table = _rope_table(cfg, pool)
 
     def body(carry):
       i, st, recent_SxW = carry
@@ -338,7 +341,7 @@ def _decode_fn(*, cfg, group_size, slots, length, width, pad_id, cache_dtype, ch
       st['count_N'] = _set(st['count_N'], out_S, col_N + 1)
       # Every sampled token is fed (as the static loop); a slot not in a turn writes a masked
       # scratch column.
-      st, h_Sx1xD = _feed(params, cfg, st, tok_S[:, None], going_S[:, None],
+      st, h_Sx1xD = _feed(params, cfg, rope_table, st, tok_S[:, None], going_S[:, None],
                           jnp.where(going_S, st['col_S'], cols - 1))
       logits_SxV = transformer.logits_from_hidden(params, h_Sx1xD, cfg=cfg)[:, 0]
       st['logits_SxV'] = jnp.where(going_S[:, None], logits_SxV, st['logits_SxV'])
@@ -374,7 +377,7 @@ def _observe_fn(*, cfg, group_size, slots, length, width, pad_id, cache_dtype):
     len_S = mask_SxO.sum(axis=1, dtype=jnp.int32)
     row_S = pool['row_S']
     count_S = pool['count_N'][row_S]
-    pool, h_SxOxD = _feed(params, cfg, pool, obs_SxO, mask_SxO,
+    pool, h_SxOxD = _feed(params, cfg, _rope_table(cfg, pool), pool, obs_SxO, mask_SxO,
                           jnp.where(len_S > 0, pool['col_S'], cols - width))
     h_SxD = jnp.take_along_axis(h_SxOxD, jnp.maximum(len_S - 1, 0)[:, None, None], axis=1)
     logits_SxV = transformer.logits_from_hidden(params, h_SxD, cfg=cfg)[:, 0]

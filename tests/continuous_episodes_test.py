@@ -61,8 +61,9 @@ def _examples(count, offset=0):
           enumerate(env_tasks.calc_multiply(0, i, difficulty=2) for i in range(count))]
 
 
+# The cache holds P + min(L, 3*6 + 2*24 = 66) columns: fewer than L = 72.
 ARGS = dict(cfg=CFG, group_size=G, max_turns=3, max_turn_tokens=6, max_observation_tokens=24,
-            max_total_tokens=64, prompt_buckets=(48,), temperature=1.0, top_k=20,
+            max_total_tokens=72, prompt_buckets=(48,), temperature=1.0, top_k=20,
             stop_seqs=((TOK.token_to_id('!'),), (TOK.token_to_id('a'), TOK.token_to_id('b'))))
 
 

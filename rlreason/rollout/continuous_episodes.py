@@ -23,7 +23,7 @@ sampled tokens, turn_NxL, per-episode rewards, turns, tool calls, errors and tra
 
 Shapes are static: three jitted functions (admit, decode a chunk, observe) whose shapes depend
 on the arguments only, so a call compiles once whatever its turn counts (tests count
-compilations). Each slot's cache holds its row's prompt and conversation, P + L columns,
+compilations). Each slot's cache holds its row's prompt and conversation (P + L columns at most),
 written at the row's own column under `jax.vmap` (as continuous.py), plus O scratch columns
 that slots with nothing to write fill with masked keys.
 
@@ -113,7 +113,9 @@ def run_episodes(params, env, renderer, tok, examples: Sequence[Any], *, cfg, gr
   static = dict(cfg=cfg, group_size=g, slots=int(slots), length=length, width=width,
                 pad_id=int(pad_id), cache_dtype=cache_dtype)
   keys = jax.random.key_data(sampling.row_keys(rng, jnp.arange(n)))
-  pool = _new_pool(prompts, keys, stop_width=_stop_table(stop_seqs).shape[1], **static)
+  content = min(length, episodes_lib.cache_slots(max_turns, max_turn_tokens, width))
+  pool = _new_pool(prompts, keys, stop_width=_stop_table(stop_seqs).shape[1], content=content,
+                   **static)
   admit = _admit_fn(**static)
   decode = _decode_fn(**static, chunk=chunk, turn_tokens=int(max_turn_tokens),
                       greedy=temperature == 0, top_k=int(top_k), top_p=float(top_p), eos=eos,
@@ -218,12 +220,12 @@ def _after_turn(step, r, ids, text, turn, count, transcripts, truncated, *, tok,
 
 
 def _new_pool(prompts: Prompts, key_data_N, *, cfg, group_size, slots, length, width, pad_id,
-              cache_dtype, stop_width):
-  """The slots (each a one-row cache of P + L + O columns, the last O scratch; its last
-  stop_width tokens of the turn) and the N rows' outputs; no slot holds an episode. Copies
-  its inputs: the jitted calls donate the pool."""
+              cache_dtype, stop_width, content):
+  """Slots of P + C + O cache columns (prompt, the C = min(L, cache_slots) a conversation
+  feeds, O scratch) and the N rows' outputs, no episode admitted. Copies its inputs: the jitted
+  calls donate the pool."""
   b, p = prompts.tokens_BxP.shape
-  n, s, cols = b * group_size, slots, p + length + width
+  n, s, cols = b * group_size, slots, p + content + width
   kdt = cache_dtype or cfg.compute_dtype
   kh, dh = cfg.num_kv_heads, cfg.head_dim
   zeros = lambda shape, dtype=jnp.int32: jnp.zeros(shape, dtype)

@@ -14,6 +14,15 @@ long as its longest episode. Continuous: one call with `slots` rows. Random weig
 Qwen2-style model of --hidden / --layers), fp32. tokens/s = sampled tokens / median wall time
 of --runs calls after a warm-up (compiling) call. The load average is printed (the machine may
 be shared). Final line: continuous_episodes_speedup=<static wall / continuous wall>.
+
+Measured 2026-12-02 on the shared 2-core VM with the defaults (32 prompts x G=4, slots=32,
+turns mean 2.09, max 8, p99/median 3.5; d=256, 4 layers), never quiet: load 15.4 -> 15.8,
+`--runs 3`: static 10.71 / 10.71 / 9.48 s, continuous 6.89 / 5.07 / 7.22 s, speedup 1.555
+(400 vs 623 sampled tokens/s); earlier runs at load 15-21 gave 1.307 (--runs 2) and 1.427
+(--chunk_steps 8, --runs 3), before each slot's cache was cut from P + L + O to
+P + min(L, cache_slots) + O columns. The decode-step bound for this mix is 2.4x (static: 320
+steps of its four calls; continuous: 134 slot-filled steps); the rest goes to host round trips
+per chunk, one admission call per group and the per-slot (vmapped) cache writes.
 """
 
 import argparse

@@ -95,6 +95,21 @@ def test_resume_with_rollouts_in_flight_is_exact(tmp_path):
   assert logs['straight'][3]['offpolicy/staleness/1'] > 0
 
 
+def test_a_finished_run_extends_with_more_steps(tmp_path):
+  # A run of 2 steps at staleness 1 submitted nothing past step 2; extended to 4, step 3 is
+  # sampled by the learner's params then (version 2: staleness 0, the schedule's version 1
+  # is gone), step 4 follows the schedule (version 2, one step behind the learner's 3).
+  train.train(async_config('inline', 1, steps=2), str(tmp_path))
+  k, inflight = async_rl.read_inflight(async_rl.inflight_path(tmp_path, 2))
+  assert k == 1 and inflight == {}
+  state, _ = train.train(async_config('inline', 1, steps=4), str(tmp_path))
+  assert int(state.step) + int(state.skipped) == 4 * 2  # 4 steps x 2 minibatches.
+  logs = {r['step']: r for r in metrics.read_jsonl(tmp_path / 'metrics.jsonl')}
+  assert logs[3]['offpolicy/staleness/0'] > 0 and logs[3]['offpolicy/staleness/1'] == 0
+  assert logs[4]['offpolicy/staleness/0'] == 0 and logs[4]['offpolicy/staleness/1'] > 0
+  assert logs[4]['offpolicy/staleness/out_of_range'] == 0
+
+
 def test_a_dead_sampler_process_is_a_named_error():
   sampler = async_rl.ProcessSampler(tiny_spec(), timeout_s=120.0)
   try:

@@ -28,6 +28,12 @@ iterator already advanced past them); `start` reloads them, so N steps = N/2 + r
 exactly. Keys are functions of (seed, step): nothing else to save. A resume whose checkpoint
 was written with another staleness is refused at start-up, naming rl.max_staleness.
 
+Extending a finished run (more rl.steps than it was saved with): its last checkpoint holds no
+rollouts for the steps past its rl.steps (never submitted), and the versions the schedule
+would sample them with are gone, so those steps (at most k) are sampled by the learner's
+current params instead, tagged so (staleness 0 for them); every later step follows the
+schedule. Deterministic, but not equal to a run started with the larger rl.steps.
+
 Deliberately not here: partial rollouts (rows continued across a weight update), dynamic
 sampling, episodes, HAPO, prefixes and the judge (config_checks/offpolicy.py refuses them
 with async_mode), multi-host runs.
@@ -213,9 +219,14 @@ class InlineSampler:
 class AsyncSampler:
   """The learner's side of the schedule: what is submitted, what is in flight."""
 
-  def __init__(self, run, sampler, *, max_staleness: int, start: int, inflight=None):
+  def __init__(self, run, sampler, *, max_staleness: int, start: int, inflight=None,
+               catch_up_through: int | None = None):
     self.run, self.sampler, self.k = run, sampler, max_staleness
     self.submitted = start  # Steps <= this have been submitted (or trained).
+    # Steps <= this not in flight are sampled by the learner's params when submitted (a
+    # finished run extended: module doc), not by the schedule's older version.
+    self.catch_up_through = start if catch_up_through is None else catch_up_through
+    self.versions: dict[int, int] = {}  # The version that samples each submitted step.
     self.examples: dict[int, list] = {}
     self._loaded: dict[int, Rollout] = {}
     for step, (examples, rollout) in (inflight or {}).items():
@@ -227,7 +238,7 @@ class AsyncSampler:
     learner's params of `version` (see the module doc: never an older one)."""
     params = None
     for step in range(self.submitted + 1, last + 1):
-      if version_for(step, self.k) != version:
+      if version_for(step, self.k) != version and step > self.catch_up_through:
         raise AssertionError(f'step {step} is sampled by version {version_for(step, self.k)}, '
                              f'the learner holds version {version}.')
       examples = next(self.run.data_iter)
@@ -237,7 +248,7 @@ class AsyncSampler:
         params = sharding.reshard(policy, self.run.sample_shardings)
       self.sampler.submit(step, params if first else None, encode_prompts(self.run, examples),
                           key)
-      self.examples[step] = examples
+      self.examples[step], self.versions[step] = examples, version
       self.submitted = step
 
   def rollout(self, policy, step: int) -> tuple[list, Rollout]:
@@ -250,19 +261,29 @@ class AsyncSampler:
       rollout = self.sampler.result(step)
     rollout = jax.device_put(rollout, jax.tree.map(
         lambda x: sharding.data_sharding(self.run.mesh, x.shape), rollout))
-    return self.examples.pop(step), tag_versions(rollout, version=version_for(step, self.k))
+    return self.examples.pop(step), self._tagged(step, rollout)
+
+  def _tagged(self, step: int, rollout: Rollout) -> Rollout:
+    """The rollout tagged with the version that sampled it (one loaded from an in-flight
+    file carries its tags; older files without them follow the schedule)."""
+    version = self.versions.pop(step, None)
+    if version is None and rollout.version_NxL is not None:
+      return rollout
+    return tag_versions(rollout, version=version_for(step, self.k) if version is None
+                        else version)
 
   def save(self, step: int) -> None:
-    """Writes the rollouts in flight after `step` (waiting for them) to inflight/<step>.npz,
-    and drops the files of steps the checkpointer no longer keeps."""
+    """Writes the rollouts in flight after `step` (waiting for them), tagged with their
+    versions, to inflight/<step>.npz, and drops the files of steps the checkpointer no
+    longer keeps."""
     pending = sorted(s for s in self.examples if s > step)
     for s in pending:
       if s not in self._loaded:
         self._loaded[s] = jax.device_get(self.sampler.result(s))
+      self._loaded[s] = jax.device_get(self._tagged(s, self._loaded[s]))  # Keeps its tags.
     if jax.process_index() == 0:
       write_inflight(inflight_path(self.run.workdir, step), max_staleness=self.k,
-                     inflight={s: (self.examples[s], jax.device_get(self._loaded[s]))
-                               for s in pending})
+                     inflight={s: (self.examples[s], self._loaded[s]) for s in pending})
       keep = set(self.run.checkpointer.steps()) | {step}
       for path in inflight_path(self.run.workdir, 0).parent.glob('*.npz'):
         if path.stem.isdigit() and int(path.stem) not in keep:
@@ -331,7 +352,10 @@ def check_resume(config, saved_config: dict | None, *, step: int, workdir) -> di
         f"(rl.async_mode={config.rl.async_mode!r}, rl.max_staleness={config.rl.max_staleness});"
         + (f" resume with rl.max_staleness={saved_k} and rl.async_mode 'process' or 'inline'."
            if saved_k else " resume with rl.async_mode='' (or rl.max_staleness=0)."))
-  expected = set(range(step + 1, min(step + k, config.rl.steps) + 1))
+  # The saved run submitted nothing past its own rl.steps: an extended run samples those
+  # steps when it reaches them (AsyncSampler.catch_up_through).
+  saved_steps = (saved_config or {}).get('rl', {}).get('steps', config.rl.steps)
+  expected = set(range(step + 1, min(step + k, config.rl.steps, saved_steps) + 1))
   if set(inflight) != expected:
     raise ValueError(f'rl.steps: the in-flight rollouts saved at step {step} are for steps '
                      f'{sorted(inflight)}, this run expects {sorted(expected)} '
@@ -361,5 +385,10 @@ def start(run, step: int) -> AsyncSampler | None:
     sampler = InlineSampler(spec, run.sample_mesh)
   logging.info('async sampling (%s), max_staleness %d, %d rollouts in flight at step %d',
                rl.async_mode, rl.max_staleness, len(inflight), step)
+  catch_up = min(step + rl.max_staleness, rl.steps) if step else step
+  if step and len(inflight) < catch_up - step:
+    logging.warning('steps %d..%d were past the saved run\'s rl.steps: sampled by the params '
+                    'of step %d when submitted (rl/async_rl.py: extending a finished run).',
+                    step + 1 + len(inflight), catch_up, step)
   return AsyncSampler(run, sampler, max_staleness=rl.max_staleness, start=step,
-                      inflight=inflight)
+                      inflight=inflight, catch_up_through=catch_up)

@@ -6,9 +6,9 @@ format, then GRPO on threaded rollouts (rollout/fork_join.py, rl/threads.py).
   python -m rlreason.main --config experiments/parallel_reasoning.py:runlocal --workdir /tmp/x
 
 Hardware: a 2-core CPU. The settings are study 17's (experiments/dynamics/parallel_reasoning.py,
-which also says what was measured); 'sequential' is its baseline arm. The loop's own evaluation
-(eval/pass@1) samples one thread per answer, without forking: the study's threaded evaluation
-is the one to read for the threaded arm.
+which also says what was measured); 'sequential' is its baseline arm. The loop's evaluation of
+the threaded arm forks (rl/evaluate.py, as training samples): eval/pass@1 judges the parent's
+text, with eval/longest_path_mean, eval/total_tokens_mean and eval/spawned_frac.
 """
 
 from experiments.dynamics import parallel_reasoning

@@ -28,6 +28,9 @@ def check_threads(c, check) -> None:
         "threads.enabled samples with the static sampler: set rl.sampler='static'.")
   check(not rl.get('async_mode', ''), 'threads.enabled runs in the synchronous loop: set '
                                       "rl.async_mode=''.")
+  check(c.eval.get('diversity', 'iid') == 'iid',
+        f"threads.enabled evaluates fork/join episodes (rl/evaluate.py): eval.diversity="
+        f"{c.eval.get('diversity')!r} samples single threads; set eval.diversity='iid'.")
   for name, on in (('env', c.env.enabled), ('slate', c.get('slate') and c.slate.enabled),
                    ('hapo', c.hapo.enabled), ('prefix_rollouts', c.prefix_rollouts.enabled),
                    ('judge', c.judge.enabled), ('overlong', c.overlong.enabled),

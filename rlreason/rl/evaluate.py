@@ -17,7 +17,9 @@ pass@k uses the unbiased estimator of Chen et al. 2021 (arXiv 2107.03374): with 
 of which c are correct, pass@k = 1 - C(n - c, k) / C(n, k), averaged over prompts. The
 majority vote is over each sample's final answer (`answer_key`). `eval.diversity` (or the
 `diversity` argument) spreads the k samples over a schedule of structural hints, paraphrases
-or irrelevant comments instead of i.i.d. (rl/diversity.py).
+or irrelevant comments instead of i.i.d. (rl/diversity.py). With threads.enabled each sample
+is a fork/join episode (rl/threads.py, as training samples them) judged on its parent's text,
+and the metrics add its critical path, sampled tokens and spawn rate (`thread_verdicts`).
 
 Deliberately not here: the verifiers themselves, the training loop.
 """
@@ -94,6 +96,11 @@ def sample_verdicts(run, params, *, k: int, temperature: float, rng, on_episodes
   chunk's. `diversity` (default eval.diversity): 'iid', or rl/diversity.py's schedules.
   """
   diversity = diversity or run.config.eval.get('diversity', 'iid')
+  if _threaded(run):
+    if diversity != 'iid':
+      raise ValueError(f"eval.diversity={diversity!r} samples single threads; threads.enabled "
+                       "evaluates fork/join episodes: set eval.diversity='iid'.")
+    return thread_verdicts(run, params, k=k, temperature=temperature, rng=rng)[:3]
   if diversity != 'iid':
     from rlreason.rl import diversity as diversity_lib
     return diversity_lib.sample_verdicts(run, params, k=k, temperature=temperature, rng=rng,
@@ -129,6 +136,45 @@ def sample_verdicts(run, params, *, k: int, temperature: float, rng, on_episodes
   return (np.concatenate(correct), answers if jax.process_count() == 1 else None, tokens)
 
 
+def _threaded(run) -> bool:
+  return run.config.get('threads') is not None and bool(run.config.threads.enabled)
+
+
+def thread_verdicts(run, params, *, k: int, temperature: float, rng):
+  """k fork/join episodes per held-out prompt (rl/threads.py's sampling, as in training),
+  each judged on its parent's text: (correct_BxK, answers_BxK, sampled tokens, the threaded
+  metrics: longest_path_mean, total_tokens_mean, spawned_frac over the episodes).
+
+  Chunks of run.eval_chunk prompts (the last one padded), each sampled with the same key."""
+  import jax
+  from rlreason.rl import threads
+  from rlreason.rollout import fork_join
+  if jax.process_count() > 1:
+    raise ValueError(f'threads.enabled evaluates fork/join episodes in one process; this run '
+                     f'has {jax.process_count()} (set threads.enabled=False or run on one host).')
+  examples, chunk = run.eval_examples, run.eval_chunk
+  correct, answers, path, total, spawned = [], [], [], [], []
+  for start in range(0, len(examples), chunk):
+    part = examples[start:start + chunk]
+    padded = part + [part[-1]] * (chunk - len(part))
+    out = threads.sample_threads(run, params, padded, rng, temperature=temperature,
+                                 group_size=k)
+    e = len(part) * k  # Episodes are prompt-major: the padding's come last.
+    tokens_N = np.asarray(out.rollout.loss_mask_NxL).sum(axis=1)
+    total_E = fork_join.total_tokens_E(tokens_N, out.parent_N)[:e]
+    verdicts = threads.episode_verdicts(run, out.final_texts[:e], part, group_size=k,
+                                        lengths_E=total_E)
+    correct.append(np.array([v.status == 'correct' for v in verdicts]).reshape(len(part), k))
+    keys = [answer_key(t) for t in out.final_texts[:e]]
+    answers += [keys[b * k:(b + 1) * k] for b in range(len(part))]
+    path += fork_join.longest_path_E(tokens_N, out.parent_N)[:e].tolist()
+    total += total_E.tolist()
+    spawned += out.spawned_E[:e].tolist()
+  stats = {'longest_path_mean': float(np.mean(path)), 'total_tokens_mean': float(np.mean(total)),
+           'spawned_frac': float(np.mean(spawned))}
+  return np.concatenate(correct), answers, int(np.sum(total)), stats
+
+
 def _episode_verdicts(run, params, examples, k, temperature, rng, on_episodes):
   """(correct_BxK, answer keys per episode, sampled tokens) of k episodes per example."""
   from rlreason.rl.train import run_episodes
@@ -144,13 +190,19 @@ def _episode_verdicts(run, params, examples, k, temperature, rng, on_episodes):
 
 def evaluate(run, params, *, k: int, temperature: float, rng, on_episodes=None,
              diversity: str | None = None) -> dict[str, float]:
-  """pass@1, pass@k, mean@k, maj@k on run.eval_examples, and the tokens generated."""
-  correct_BxK, answers_BxK, tokens = sample_verdicts(run, params, k=k, temperature=temperature,
-                                                     rng=rng, on_episodes=on_episodes,
-                                                     diversity=diversity)
+  """pass@1, pass@k, mean@k, maj@k on run.eval_examples, and the tokens generated (with
+  threads.enabled also longest_path_mean, total_tokens_mean, spawned_frac: `thread_verdicts`)."""
+  stats = {}
+  if _threaded(run) and (diversity or run.config.eval.get('diversity', 'iid')) == 'iid':
+    correct_BxK, answers_BxK, tokens, stats = thread_verdicts(run, params, k=k,
+                                                              temperature=temperature, rng=rng)
+  else:
+    correct_BxK, answers_BxK, tokens = sample_verdicts(run, params, k=k, temperature=temperature,
+                                                       rng=rng, on_episodes=on_episodes,
+                                                       diversity=diversity)
   out = summarize(correct_BxK, answers_BxK=answers_BxK, ks=sorted({1, k}))
   out['generated_tokens'] = float(tokens)
-  return out
+  return {**out, **stats}
 
 
 def restore_params(run, *, step: int | None = None, from_best: bool = False):

@@ -13,8 +13,10 @@ longest_path_mean (the critical path: parent + longest worker), threads/per_epis
 threads/spawned_frac. With dccot.enabled the episode's reward is DC-CoT's stage reward
 (rl/dccot.py) and the verifier's stays in verifier_BxG.
 
-Not here: the sampling mechanism (rollout/fork_join.py); evaluation, which samples one
-thread per answer (rl/evaluate.py: a threaded policy is evaluated without forking).
+The loop's evaluation (rl/evaluate.py) forks too: it samples k threaded episodes per held-out
+prompt with `sample_threads` and judges their parent texts with `episode_verdicts`.
+
+Not here: the sampling mechanism (rollout/fork_join.py).
 """
 
 import time
@@ -64,14 +66,19 @@ def sample_threads(run, params, examples, rng, *, temperature: float, group_size
         decode=lambda ids: run.tok.decode(ids, skip_special_tokens=True))
 
 
-def score_texts(run, texts, examples, *, group_size: int, lengths_E) -> tuple[np.ndarray, dict]:
-  """Verifier rewards_BxG of the episodes' parent texts, and the verdict metrics."""
+def episode_verdicts(run, texts, examples, *, group_size: int, lengths_E) -> list:
+  """The verifier's verdict on each episode's parent text (episode e answers e // group_size)."""
   limits = rl_batch.overlong_limits(run.config)
   items = [example_lib.verifier_item(examples[e // group_size], text,
                                      num_tokens=int(lengths_E[e]), **limits)
            for e, text in enumerate(texts)]
-  verdicts = run.pool.score(items, verifier=run.config.verifier.name,
-                            deadline_s=run.config.verifier.deadline_s)
+  return run.pool.score(items, verifier=run.config.verifier.name,
+                        deadline_s=run.config.verifier.deadline_s)
+
+
+def score_texts(run, texts, examples, *, group_size: int, lengths_E) -> tuple[np.ndarray, dict]:
+  """Verifier rewards_BxG of the episodes' parent texts, and the verdict metrics."""
+  verdicts = episode_verdicts(run, texts, examples, group_size=group_size, lengths_E=lengths_E)
   rewards_BxG = np.array([v.reward for v in verdicts], np.float32).reshape(-1, group_size)
   statuses = [v.status for v in verdicts]
   metrics = {f'verifier/{s}_frac': statuses.count(s) / len(statuses) for s in set(statuses)}

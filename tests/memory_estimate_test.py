@@ -33,7 +33,7 @@ def test_parts_by_hand():
   # gate/up/down 128 each = 608; final norm 8: 872 params, 3488 bytes.
   c, cfg = tiny()
   est = memory.step_estimate(c, cfg, baseline_bytes=100)
-  assert est['state/params'] == est['state/loaded_params'] == 3488
+  assert est['state/params'] == 3488 and 'state/loaded_params' not in est  # Released.
   assert est['state/opt_state'] == 2 * 3488  # Adam's mu and nu.
   # Sampler: a KV slot is 2 (k, v) * 1 layer * 1 kv head * 4 * 4 bytes = 32; slots: the
   # prompt once (4) + 2 rows * 4 new = 12 -> 384. Prefill 1*4*(4*8 + 2*16 + 2*4)*4 = 1152,
@@ -56,8 +56,9 @@ def test_parts_by_hand():
   assert {k: est[k] for k in expected} == expected
   phases = memory.phase_totals(est)
   assert phases['update'] == 37328 and phases['logprobs'] == 6240 and phases['sample'] == 2432
-  # Total: baseline + the state (3488 * 4) + the largest phase (the update).
-  assert est['total'] == 100 + 4 * 3488 + 37328
+  # Total: baseline + the state (params and Adam's two moments: 3488 * 3) + the largest
+  # phase (the update).
+  assert est['total'] == 100 + 3 * 3488 + 37328
 
 
 @pytest.mark.parametrize('remat,saved', [('none', 16 * 432), ('full', 16 * 4 * 8),
@@ -75,6 +76,23 @@ def test_micro_batches_split_activations_and_add_a_gradient_sum():
   assert two['update/grads'] == 2 * one['update/grads']
   assert 2 * two['update/saved_activations'] == one['update/saved_activations']
   assert 2 * two['update/layer_working_set'] == one['update/layer_working_set']
+
+
+def test_kept_init_params_count_once_more():
+  c, cfg = tiny()
+  kept = memory.step_estimate(c, cfg, keeps_init_params=True)
+  assert kept['state/loaded_params'] == 3488
+  assert kept['total'] == memory.step_estimate(c, cfg)['total'] + 3488
+
+
+def test_hoisted_remat_keeps_every_layers_residuals_and_the_output_copy():
+  # remat='full' saves the block input only (4*8 bytes a token); hoisted, the 16 positions
+  # of each of 2 layers keep all 432 bytes of layer_residuals, and the VxD copy 32*8*4.
+  c, cfg = tiny(remat='full', layers=2)
+  plain, hoisted = memory.step_estimate(c, cfg), memory.step_estimate(c, cfg, remat_hoisted=True)
+  assert plain['update/saved_activations'] == 2 * 16 * 32 and 'update/output_matrix_copy' not in plain
+  assert hoisted['update/saved_activations'] == 2 * 16 * 432
+  assert hoisted['update/output_matrix_copy'] == 1024
 
 
 def test_kl_keeps_a_reference_copy():

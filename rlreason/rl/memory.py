@@ -4,10 +4,11 @@
   est['total']  # bytes: baseline + state/* + the largest phase (sample, logprobs, update)
 
 Parts are prefixed by where they live. `state/` is alive for the whole step: the trainable
-params, AdamW's two moments, and the loaded params that `Run.init_params` keeps after
-`init_state` copied them into the TrainState. `sample/` is sampler.memory_estimate (minus the
-params it shares with the state). `logprobs/` is the old log-prob forward over all N rows at
-once (rl_batch.make_train_batch). `update/` is one train_step on a minibatch, its activations
+params and AdamW's two moments (and, with keeps_init_params, the loaded params that
+`Run.init_params` keeps when restore_or_init is not told to release them; train.train
+releases them). `sample/` is sampler.memory_estimate (minus the params it shares with the
+state). `logprobs/` is the old log-prob forward over all N rows at once
+(rl_batch.make_train_batch). `update/` is one train_step on a minibatch, its activations
 counted per micro-batch (the scan in update.accumulate_gradients keeps one micro-batch's
 alive at a time), with the remat policy's saved residuals per layer plus one layer's
 recomputed working set. The phases run one after the other, so only the largest counts.
@@ -17,10 +18,17 @@ may or may not materialise a buffer (a transposed tied embedding, the zero-initi
 gradient sum), the part says which way it was counted. tests/memory_estimate_test.py checks
 the arithmetic by hand and the update's parts against XLA's compiled memory analysis.
 
-Known gap: at Qwen2.5-0.5B's shapes (experiments/bench/real_shapes.py) XLA's compiled temp
-for the train step is 9678 MiB against ~4.8 GB of update parts here (about 2.5x the params
-missing: transients of the optimizer step, not yet pinned down), and 1761 MiB for old
-log-probs against ~0.6 GB; the tiny shapes of the test agree within 0.9-1.3x.
+Remat on XLA:CPU (remat_hoisted): at Qwen2.5-0.5B's shapes the compiled train step runs
+remat's recomputations in the forward pass, beside the layers they recompute (nothing ties a
+recomputation to the cotangent that needs it), and keeps their outputs until the backward:
+all 24 layers under the default concurrency-optimised scheduler, 12 of 24 under
+`--xla_cpu_enable_concurrency_optimized_scheduler=false` (HLO dumps, micro-batches of 8 rows).
+With remat_hoisted the layers are counted as keeping what they keep without remat, plus the
+tied output matrix's transposed VxD copy: 11141 MiB estimated against XLA's 11618 MiB temp
+with micro_batches=2 (0.96) and 8022 against 7443 MiB with micro_batches=4 (1.08), both under
+the memory-minimising scheduler (experiments/bench/real_shapes.py). Old log-probs: XLA's temp
+is 1761 MiB against ~0.6 GB here (not the largest phase). The tiny shapes of the test agree
+within 0.9-1.3x without it.
 
 Deliberately not here: XLA's compile-time memory, the allocator's fragmentation and the
 Python heap (tokenizer, data): measure those, and pass the process's own footprint as
@@ -89,7 +97,8 @@ def logit_chunk(rows: int, length: int, vocab: int, *, backward: bool) -> int:
 
 
 def step_estimate(config, cfg: transformer.ModelConfig, *, prompt_len: int | None = None,
-                  baseline_bytes: int = 0) -> dict[str, int]:
+                  baseline_bytes: int = 0, keeps_init_params: bool = False,
+                  remat_hoisted: bool = False) -> dict[str, int]:
   """Bytes by part of one RL step on one device (see the module docstring), and 'total'.
 
   Args:
@@ -97,6 +106,11 @@ def step_estimate(config, cfg: transformer.ModelConfig, *, prompt_len: int | Non
     cfg: the model's config (weights.load's or the random arch's), remat included.
     prompt_len: P, the prompt bucket the step pads to; default the largest bucket.
     baseline_bytes: the process's own footprint before any array exists (measured).
+    keeps_init_params: `Run.init_params` stays alive beside the TrainState (restore_or_init
+      without release_init_params; train.train releases them: the state takes their buffers).
+    remat_hoisted: the compiler runs remat's recomputations in the forward pass and keeps
+      their outputs, so every layer holds what it holds without remat (XLA:CPU at Qwen2.5-0.5B's
+      shapes, see the module docstring); the tied output matrix's transposed copy is counted.
   """
   rl = config.rl
   if config.lora.enabled or config.critic.enabled or config.env.enabled:
@@ -108,8 +122,9 @@ def step_estimate(config, cfg: transformer.ModelConfig, *, prompt_len: int | Non
   c, pb = _bytes(cfg.compute_dtype), _bytes(cfg.param_dtype)
   v, d = cfg.vocab_size, cfg.hidden_size
   params = cfg.num_params() * pb
-  est = {'baseline': baseline_bytes, 'state/params': params, 'state/opt_state': 2 * params,
-         'state/loaded_params': params}
+  est = {'baseline': baseline_bytes, 'state/params': params, 'state/opt_state': 2 * params}
+  if keeps_init_params:
+    est['state/loaded_params'] = params
   if config.objective.kl_coef:
     est['state/ref_params'] = params
 
@@ -140,7 +155,8 @@ def step_estimate(config, cfg: transformer.ModelConfig, *, prompt_len: int | Non
   # Tied: the embedding's two gradients (the input gather's scatter and token_stats' fp32
   # dW of the output matrix) exist side by side before they are summed.
   est['update/tied_embed_grad'] = v * d * 4 if cfg.tie_embeddings else 0
-  est['update/saved_activations'] = cfg.num_layers * m * t * saved_per_layer(cfg)
+  saved = layer_residuals(cfg) if remat_hoisted else saved_per_layer(cfg)
+  est['update/saved_activations'] = cfg.num_layers * m * t * saved
   # The layer being differentiated: its residuals (recomputed under remat) and their
   # cotangents, about as large again.
   est['update/layer_working_set'] = 2 * m * t * layer_residuals(cfg)
@@ -148,6 +164,8 @@ def step_estimate(config, cfg: transformer.ModelConfig, *, prompt_len: int | Non
   # Final hidden states, the completion slice and their cotangents.
   est['update/hidden'] = m * (2 * t + 2 * l) * d * c
   est['update/logit_chunks'] = logit_chunk(m, l, v, backward=True)
+  if remat_hoisted:  # The VxD output matrix re-laid out for its column blocks, as in logprobs.
+    est['update/output_matrix_copy'] = v * d * 4
   # The minibatch's TrainBatch: tokens and mask (NxT), seven NxL per-token fields.
   est['update/batch'] = rows * (5 * t + 7 * 4 * l)
 

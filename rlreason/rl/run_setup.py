@@ -100,10 +100,14 @@ class Run:
       return r2po.Stage(0, learner=rollout_head.detach, advantage='', train_step=self.train_step)
     return self.stages[r2po.stage_at(step, tuple(self.config.r2po.switch_steps))]
 
-  def restore_or_init(self):
+  def restore_or_init(self, release_init_params: bool = False):
     """(state, step): the newest restorable checkpoint, or fresh state at step 0.
 
     Sets `self.restored`: a restored step 0 is the finished warm start, not a fresh state.
+    With `release_init_params` (the training loop, whose later code reads only their shapes),
+    a fresh state takes over the buffers of `self.init_params` (donated, not copied) and
+    `self.init_params` becomes their ShapeDtypeStructs, so the loaded weights are not held
+    twice (2 GB at Qwen2.5-0.5B's shapes: experiments/bench/real_shapes.py).
     """
     self.restored = False
     abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
@@ -113,7 +117,14 @@ class Run:
     if saved_config is not None:  # Before the state: a LoRA state's tree is not a full one's.
       adapters.check_resume(saved_config, self.adapter, self.config)
     restored = self.checkpointer.restore(abstract)
-    if restored is None:
+    if release_init_params:
+      shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                            self.init_params)
+      state = self._fresh_state(donate=True) if restored is None else None
+      self.init_params = shapes
+      if restored is None:
+        return state, 0
+    elif restored is None:
       return self._fresh_state(), 0
     step, state, data_state, _ = restored
     self.restored = True
@@ -133,9 +144,10 @@ class Run:
     return update.init_state(params, self.optimizer, value_params=self.init_value_params,
                              value_optimizer=self.value_optimizer)
 
-  def _fresh_state(self):
+  def _fresh_state(self, donate: bool = False):
     with jax.set_mesh(self.mesh):
-      return jax.jit(self.init_state, out_shardings=self.state_shardings)(self.init_params)
+      return jax.jit(self.init_state, out_shardings=self.state_shardings,
+                     donate_argnums=(0,) if donate else ())(self.init_params)
 
   def _ref_from_checkpoint(self, abstract):
     # The reference policy is the step-0 policy (after the warm start).

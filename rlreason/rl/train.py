@@ -293,7 +293,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[st
   run = build(config, workdir)
   writer = metrics_lib.Writer(workdir, total_steps=config.rl.steps, every=config.log_every)
   preempt = checkpoint.PreemptionFlag()
-  state, start = run.restore_or_init()
+  # The TrainState takes over the loaded params' buffers: later code reads only their shapes.
+  state, start = run.restore_or_init(release_init_params=True)
   async_sampler = async_rl.start(run, start)  # None unless rl.async_mode (rl/async_rl.py).
   if not run.restored:  # A restored step 0 already holds the warm start.
     with jax.set_mesh(run.mesh):

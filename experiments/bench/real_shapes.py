@@ -12,29 +12,53 @@ model.path = that checkpoint (weights.load, params cast to fp32), the real Qwen2
 and its chat template (the user turn rendered by tokenizer.apply_chat_template, default
 system prompt included) from ../shared/data/qwen_tokenizer, 4 GSM8K train prompts x G = 4 x
 128 new tokens, the math verifier pool, old log-probs, one update (minibatches=1, the config's
-micro_batches=2 and remat='full'): train.build, Run.restore_or_init, train.rl_step.
+remat='full'): train.build, Run.restore_or_init(release_init_params=True), train.rl_step.
 
 Changed from the config, and why: fp32 compute (`--compute_dtype`; XLA:CPU computes bf16 dots
-in f32 with conversions, sampler.py), 2 verifier workers (2 cores), no eval or checkpoints.
+in f32 with conversions, sampler.py), micro_batches=4 (one group of 4 rows each: the least
+activation memory; the config's 2 needs ~4 GB more), XLA_FLAGS gets
+`--xla_cpu_enable_concurrency_optimized_scheduler=false` (`--xla_flags`; see below), 2
+verifier workers (2 cores), no eval or checkpoints.
 
 Phases: load (train.build: weights, tokenizer, data, verifier pool), init (the TrainState:
-params copied, AdamW moments), compile (the sampler's, from jax.monitoring's compile events;
-old log-probs and train step compiled ahead of time here, so their memory_analysis is known),
-sample, verify, old log-probs, update (each net of its compile). tokens/s counts sampled
-tokens for sample and verify, and all N x (P + L) positions for old log-probs and update.
-RSS is polled every 20 ms (per-phase peaks); ru_maxrss of the process and of its children
-(the checkpoint builder, the verifier workers: the largest single child) are printed apart.
+takes over the loaded params' buffers, AdamW moments), compile (the sampler's, from
+jax.monitoring's compile events; old log-probs and train step compiled ahead of time here, so
+their memory_analysis is known), sample, verify, old log-probs, update (each net of its
+compile). tokens/s counts sampled tokens for sample and verify, and all N x (P + L) positions
+for old log-probs and update.
+RSS is polled every 20 ms (per-phase peaks), and the run stops (status 3) past --rss_limit_gb
+or when the machine has under 512 MiB available (others' work on a shared machine); ru_maxrss
+of the process and of its children (the checkpoint builder, the verifier workers: the largest
+single child) are printed apart.
 The estimate is rl/memory.step_estimate with the baseline measured after imports and the
-JAX backend's start; the last line is real_shapes_rss_over_estimate = ru_maxrss / estimate.
+JAX backend's start, with remat_hoisted on CPU (rl/memory.py); the last line is
+real_shapes_rss_over_estimate = ru_maxrss / estimate.
 
-Measured on the 2-core, 24 GB shared CPU VM (2026-12-02, load average 8-18 from other work,
-`--micro_batches 4`): no complete step. Peak RSS by phase: load 2453 MiB, init 8082 (the
-TrainState copies Run.init_params, which stays alive: 2 GB), sample + verify 9545, old
-log-probs 10620 (XLA temp 1761 MiB; the estimate said ~0.6 GB); the train step compiled in
-85 s with XLA arguments 5654, aliased 5654, temp 9678 MiB (the estimate's update parts:
-~4.8 GB), and the RSS guard stopped it at 15370 MiB. With the default --micro_batches 2 the
-kernel's OOM killer ended it at 18.1 GB anonymous RSS. The step as written needs about
-baseline 0.4 + init_params 1.9 + state 5.5 + XLA temp 9.5 = ~17.3 GiB here.
+Measured on the 2-core, 24 GB shared CPU VM (2026-12-02), first attempt (load average 8-18,
+`--micro_batches 4`, before the changes below): no complete step. Peak RSS by phase: load
+2453 MiB, init 8082 (the TrainState copied Run.init_params, which stayed alive: 2 GB), sample
++ verify 9545, old log-probs 10620 (XLA temp 1761 MiB); the train step compiled in 85 s with
+XLA arguments 5654, aliased 5654, temp 9678 MiB, and the RSS guard stopped it at 15370 MiB.
+With --micro_batches 2 the kernel's OOM killer ended it at 18.1 GB anonymous RSS.
+
+Where the train step's temp went (compiled on abstract inputs at these shapes, N=16 rows of
+T=384, HLO dumps): remat='full' hardly bounded it. XLA:CPU schedules each layer's remat
+recomputation in the forward pass next to the layer itself (nothing ties it to the cotangent
+that needs it; the optimisation barriers are gone after optimisation) and keeps gate_up and
+the MLP hidden of every layer alive until the backward. Temp, MiB: micro_batches=2 14545
+(remat 'none' 13615 with the memory-minimising scheduler), micro_batches=4 9678; with
+`--xla_cpu_enable_concurrency_optimized_scheduler=false` (only 12 of 24 layers hoisted)
+11618 and 7443 (4 layers: 3806 -> 2356). jit's or compile()'s compiler_options with that
+option left the temp at 3806 (4 layers): only XLA_FLAGS reaches the scheduler. The rest is
+the state-sized gradient and its running sum (2 x 1885 MiB) and three VxD fp32 buffers of the
+tied embedding (the transposed copy the log-prob chunks read, token_stats' dW accumulator, the
+gather's scatter gradient: 3 x 519 MiB). rl/memory.step_estimate(remat_hoisted=True) models
+this: update temp 8022 MiB against 7443 (1.08) and 11141 against 11618 (0.96).
+
+Then (Run.restore_or_init(release_init_params=True), the scheduler flag, micro_batches=4):
+init peak RSS 6229 MiB (was 8082). Two full runs were stopped by the MemAvailable guard in
+sample + verify at 6.5-6.6 GB RSS, while other processes on the machine held 15-17 GB; the
+step needs about baseline 0.4 + state 5.5 + XLA temp 7.3 = ~13.3 GiB, the estimate's total.
 """
 
 import argparse
@@ -65,6 +89,10 @@ QWEN25_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
 SMOKE = dict(QWEN25_05B, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=16, intermediate_size=128)
 MiB = 2 ** 20
+# XLA:CPU's default (concurrency-optimised) scheduler runs remat's recomputations during the
+# forward pass and keeps them alive; the memory-minimising one does so for fewer layers.
+# Only XLA_FLAGS reaches it (jit's compiler_options did not change the schedule).
+MEMORY_SCHEDULE = '--xla_cpu_enable_concurrency_optimized_scheduler=false'
 
 _BUILD = '''
 import sys, torch, transformers
@@ -89,15 +117,23 @@ class RssMonitor:
     with open('/proc/self/statm') as f:
       return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
 
+  @staticmethod
+  def available() -> int:
+    """The machine's MemAvailable (bytes): what others on a shared machine leave us."""
+    with open('/proc/meminfo') as f:
+      return next(int(line.split()[1]) * 1024 for line in f if line.startswith('MemAvailable'))
+
   def _run(self):
     while not self._stop.wait(self.interval_s):
       rss = self.rss()
       if self.current is not None:
         self.peaks[self.current] = max(self.peaks.get(self.current, 0), rss)
-      if self.limit and rss > self.limit:  # Stop before the kernel's OOM killer picks.
-        print(f'RSS {rss / MiB:.0f} MiB over --rss_limit_gb in phase {self.current}; '
-              f'peaks so far (MiB): { {k: round(v / MiB) for k, v in self.peaks.items()} }',
-              flush=True)
+      # Stop before the kernel's OOM killer picks (this process or another one).
+      low = self.available() < 2 ** 29
+      if (self.limit and rss > self.limit) or low:
+        why = 'with < 512 MiB available on the machine' if low else 'over --rss_limit_gb'
+        print(f'RSS {rss / MiB:.0f} MiB {why} in phase {self.current}; peaks so far (MiB): '
+              f'{ {k: round(v / MiB) for k, v in self.peaks.items()} }', flush=True)
         os._exit(3)
 
   @contextlib.contextmanager
@@ -194,14 +230,19 @@ def main(argv=None):
   parser.add_argument('--prompts', type=int, default=4)
   parser.add_argument('--group', type=int, default=4)
   parser.add_argument('--new_tokens', type=int, default=128)
-  parser.add_argument('--micro_batches', type=int, default=2)
+  parser.add_argument('--micro_batches', type=int, default=4)
+  parser.add_argument('--xla_flags', default=MEMORY_SCHEDULE,
+                      help='appended to XLA_FLAGS before the backend starts')
   parser.add_argument('--rss_limit_gb', type=float, default=15.0,
                       help='exit (status 3) when RSS passes this, before the OOM killer does')
   args = parser.parse_args(argv)
   if args.smoke:
-    args.prompts, args.group, args.new_tokens = 2, 2, 8
+    args.prompts, args.group, args.new_tokens, args.micro_batches = 2, 2, 8, 1
   arch = SMOKE if args.smoke else QWEN25_05B
 
+  # XLA reads XLA_FLAGS once, when the first computation creates the backend.
+  if args.xla_flags:
+    os.environ['XLA_FLAGS'] = f'{os.environ.get("XLA_FLAGS", "")} {args.xla_flags}'.strip()
   monitor = RssMonitor(limit_bytes=int(args.rss_limit_gb * 2 ** 30))
   clock = CompileClock()
   jax.devices()  # The backend's own memory belongs to the baseline.
@@ -220,11 +261,10 @@ def main(argv=None):
       seconds['load'] = time.perf_counter() - start
     with monitor.phase('init'):
       start = time.perf_counter()
-      state, _ = run.restore_or_init()
+      state, _ = run.restore_or_init(release_init_params=True)
       state = jax.block_until_ready(state)
       seconds['init'] = time.perf_counter() - start
-    ptr = lambda p: p['embed'].unsafe_buffer_pointer()
-    copies = 'a copy' if ptr(state.params) != ptr(run.init_params) else 'the same buffers'
+    released = isinstance(run.init_params['embed'], jax.ShapeDtypeStruct)
     logprobs = Timed(run.logprobs, clock, static_tail=1)  # completion_len is static.
     step_timed = Timed(run.train_step.func, clock, **run.train_step.keywords)
     times, sample_compile, prompt_len = {}, 0.0, 0
@@ -286,8 +326,10 @@ def main(argv=None):
   print(f'step: {b} GSM8K prompts (chat template, bucket P={p}) x G={g} x {l} new tokens '
         f'= {n} rows of T={t}; {sampled} tokens sampled; micro_batches={args.micro_batches}; '
         f'reward mean {float(metrics["train/reward"]):.3f}, loss {float(metrics["loss"]):.4g}, '
-        f'grad_norm {float(metrics["grad_norm"]):.4g}; state.params is {copies} of '
-        f'Run.init_params; {jax.device_count()} device(s), {os.cpu_count()} cores, '
+        f'grad_norm {float(metrics["grad_norm"]):.4g}; Run.init_params '
+        f'{"released (donated to the TrainState)" if released else "kept"}; '
+        f'XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r}; {jax.device_count()} device(s), '
+        f'{os.cpu_count()} cores, '
         f'load average {" ".join(f"{x:.1f}" for x in os.getloadavg())}')
   print(f'\n{"phase":<20} {"seconds":>8} {"tokens":>7} {"tokens/s":>9} {"peak RSS MiB":>13}')
   rss_of = {'sample': 'sample + verify', 'verify': 'sample + verify'}
@@ -301,7 +343,9 @@ def main(argv=None):
         f'train step {step_timed.compile_s:.1f}s; sample and update net of it; verify '
         'includes decoding the completions')
 
-  est = memory.step_estimate(config, cfg, prompt_len=p, baseline_bytes=baseline)
+  hoisted = jax.default_backend() == 'cpu' and cfg.remat != 'none'
+  est = memory.step_estimate(config, cfg, prompt_len=p, baseline_bytes=baseline,
+                             keeps_init_params=not released, remat_hoisted=hoisted)
   phases = memory.phase_totals(est)
   print(f'\n{"estimate part":<32} {"MiB":>9}')
   for k, x in est.items():

@@ -199,6 +199,30 @@ def test_no_recompiles_across_batches(monkeypatch):
   sampler._generate_fn.cache_clear()
 
 
+def test_parent_context_is_prefilled_once(monkeypatch):
+  """Counted at trace time, every forward over more than one token: the prompts (B x P), the
+  workers' headers (N K (max_header_tokens + 1)) and the join blocks (N join_width), nothing
+  else. Prefilling each parent's context again for the workers and for the join cost
+  N (P + parent_tokens) twice more: 348 positions here against 156."""
+  seen, apply = [], transformer.apply
+
+  def counting(params, tokens_NxT, **kw):
+    if tokens_NxT.shape[1] > 1:
+      seen.append(tokens_NxT.shape[0] * tokens_NxT.shape[1])
+    return apply(params, tokens_NxT, **kw)
+
+  monkeypatch.setattr(transformer, 'apply', counting)
+  sampler._generate_fn.cache_clear()
+  out = fork_join.sample_threads(rigged_params(), PROMPTS, rng=jax.random.key(3), **KW)
+  sampler._generate_fn.cache_clear()
+  assert out.spawned_E.all()
+  b, n, k, p = len(PROMPTS), len(PROMPTS) * KW['group_size'], KW['max_workers'], 16
+  join = fork_join.join_width(k, KW['worker_tokens'])
+  assert seen == [b * p, n * k * (FMT.max_header_tokens + 1), n * join] == [32, 60, 64]
+  before = b * p + n * (p + KW['parent_tokens']) * 2 + n * k * 5 + n * join
+  assert (sum(seen), before) == (156, 348)
+
+
 def test_memory_estimate_covers_worker_slots():
   kw = dict(batch=2, group_size=2, prompt_len=16, parent_tokens=8, worker_tokens=4,
             final_tokens=4, max_header_tokens=4)

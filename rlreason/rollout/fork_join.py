@@ -11,24 +11,28 @@ An episode, in three static-shape phases (ThreadWeaver arXiv 2512.07843 and DC-C
 director/worker split: the parent writes a spawn block naming its subtasks, the workers solve
 them in parallel, the parent reads their results and finishes):
 
-  1. parent   sampler.generate(prompts, G, parent_tokens), stopping on EOS or `fmt.end`.
-              A row that wrote  `spawn h_1 sep h_2 ... sep h_k end`  forks k <= K workers.
-  2. fork     sampler.generate(contexts, group_size=K, prefixes=headers): each parent's context
-              (prompt + its phase-1 tokens) is the prompt of the call, prefilled once into a
-              frozen cache segment that its K worker rows read (the sampler's shared prompt
-              segment: no copy per worker); worker k's prefix is `h_k worker_open`, given,
-              not sampled; it decodes worker_tokens until EOS.
-  3. join     sampler.generate(contexts + join block, group_size=1, final_tokens): the
-              workers' outputs, `join_open out_1 join_sep out_2 ... join_close` (each output
-              without its EOS), are appended to the parent's context and prefilled once, like an
-              episode's observation, and the parent decodes on until EOS.
+  1. parent   sampler.generate(prompts, G, parent_tokens, return_context=True), stopping on
+              EOS or `fmt.end`; the call keeps its cache (the prompts' segment and each
+              parent's own tokens). A row that wrote  `spawn h_1 sep h_2 ... sep h_k end`  forks
+              k <= K workers.
+  2. fork     sampler.generate(context=kept, group_size=K, prefixes=headers): each parent's
+              context (prompt + its phase-1 tokens) is the kept cache, which its K worker rows
+              read (frozen segments: no copy per worker, nothing prefilled again); worker k's
+              prefix is `h_k worker_open`, given, not sampled; it decodes worker_tokens until EOS.
+  3. join     sampler.generate(context=kept, group_size=1, prefixes=join blocks, final_tokens):
+              the workers' outputs, `join_open out_1 join_sep out_2 ... join_close` (each output
+              without its EOS), are fed after the parent's kept cache (prefilled once, like an
+              episode's observation), and the parent decodes on until EOS.
+Prefilled positions: each prompt once (B x P, shared by its G parents), then only the workers'
+headers (B G K (max_header_tokens + 1)) and the join blocks (B G join_width); re-prefilling
+each parent's context for phases 2 and 3 cost 2 B G (P + parent_tokens) more.
 A row that ends (EOS) or runs out in phase 1 without a spawn block is a plain single-thread
 episode. Depth 1: a worker's own spawn marker is text, and the parent forks once per episode.
 
 Static shapes: every phase runs all B*G parents (rows that did not fork are computed and
 dropped), K worker slots per parent (empty slots decode a throwaway header, dropped), and
-context widths from fixed buckets (`context_buckets`), so a run compiles each phase at most
-once per prompt bucket. Training rows (`ThreadedRollout.rollout`, completion columns after
+the kept cache's width follows the prompt bucket, so a run compiles each phase at most once per
+prompt bucket. Training rows (`ThreadedRollout.rollout`, completion columns after
 the original prompt):
   parent    phase-1 tokens (loss) | join block (not in the loss) | phase-3 tokens (loss)
   worker k  parent's phase-1 tokens and `h_k worker_open` (prefix, not in the loss) | its own
@@ -173,18 +177,15 @@ def join_width(max_workers: int, worker_tokens: int) -> int:
   return 2 + max_workers * worker_tokens + max_workers - 1
 
 
-def context_buckets(prompt_buckets: Sequence[int], extra: int) -> tuple[int, ...]:
-  """Widths for a phase whose prompts are the original prompt plus at most `extra` tokens."""
-  return tuple(sorted({b + extra for b in prompt_buckets}))
-
-
 def memory_estimate(cfg: transformer.ModelConfig, *, batch: int, group_size: int,
                     prompt_len: int, max_workers: int, parent_tokens: int, worker_tokens: int,
                     final_tokens: int, max_header_tokens: int, cache_dtype=None,
                     num_devices: int = 1) -> dict[str, int]:
   """Bytes per device: each phase's sampler estimate (the phases run one after the other, so
   the peak is the largest), the worker slots included, plus the threaded rows' host-bound
-  outputs (tokens, two log-probs and three masks per slot)."""
+  outputs (tokens, two log-probs and three masks per slot). Phases 2 and 3 are estimated as
+  if each parent's context were prefilled for its rows: an upper bound on the kept cache they
+  read (the prompts once, each parent's tokens once)."""
   n = batch * group_size
   kw = dict(cache_dtype=cache_dtype, num_devices=num_devices)
   ctx = prompt_len + parent_tokens
@@ -243,12 +244,13 @@ def sample_threads(params, prompt_ids: Sequence[Sequence[int]], *, fmt: SpawnFor
   prompts = sampler.prepare_prompts(prompt_ids, buckets=prompt_buckets, pad_id=pad_id)
 
   # Phase 1: the parents, until EOS or the end of a spawn block.
-  out1 = _host(sampler.generate(params, prompts, group_size=g, max_new_tokens=parent_tokens,
-                                stop_tokens=eos + (fmt.end,), rng=keys[0], **common))
+  out1, kept = sampler.generate(params, prompts, group_size=g, max_new_tokens=parent_tokens,
+                                stop_tokens=eos + (fmt.end,), rng=keys[0], return_context=True,
+                                **common)
+  out1 = _host(out1)
   first = [_row(out1, r) for r in range(n)]
   headers = [parse_spawn(toks, fmt) for toks, _, _ in first]
   spawned_E = np.array([bool(h) for h in headers])
-  contexts = [list(prompt_ids[r // g]) + first[r][0] for r in range(n)]
 
   # Phase 2: K worker slots per parent; the parent's context is the call's shared prompt.
   workers = [[None] * k for _ in range(n)]
@@ -262,9 +264,8 @@ def sample_threads(params, prompt_ids: Sequence[Sequence[int]], *, fmt: SpawnFor
         pre_tokens[r * k + j, :len(h) + 1] = h + [fmt.worker_open]
         pre_mask[r * k + j, :len(h) + 1] = True
     out2 = _host(sampler.generate(
-        params, sampler.prepare_prompts(contexts, buckets=context_buckets(
-            prompt_buckets, parent_tokens), pad_id=pad_id),
-        group_size=k, max_new_tokens=worker_tokens, stop_tokens=eos, rng=keys[1],
+        params, None, context=kept, group_size=k, max_new_tokens=worker_tokens,
+        stop_tokens=eos, rng=keys[1],
         prefixes=Prefixes(tokens_NxQ=jnp.asarray(pre_tokens), mask_NxQ=jnp.asarray(pre_mask)),
         **common))
     for r in np.flatnonzero(spawned_E):
@@ -272,19 +273,22 @@ def sample_threads(params, prompt_ids: Sequence[Sequence[int]], *, fmt: SpawnFor
         toks, lp, blp = _row(out2, r * k + j)
         workers[r][j] = (pre_tokens[r * k + j][pre_mask[r * k + j]].tolist(), toks, lp, blp)
 
-  # Phase 3: the join block is prefilled with the context, the parent decodes on.
+  # Phase 3: the join block is fed after the parent's kept cache, the parent decodes on.
   joins = [join_block([w[1][:-1] if w[1] and w[1][-1] in eos else w[1]
                        for w in workers[r] if w is not None], fmt) if spawned_E[r] else []
            for r in range(n)]
   third = [([], [], [])] * n
   if spawned_E.any():
+    j = join_width(k, worker_tokens)
+    join_tokens = np.full((n, j), pad_id, np.int32)
+    join_mask = np.zeros((n, j), bool)
+    for r in range(n):
+      join_tokens[r, :len(joins[r])] = joins[r]
+      join_mask[r, :len(joins[r])] = True
     out3 = _host(sampler.generate(
-        params, sampler.prepare_prompts([c + j for c, j in zip(contexts, joins)],
-                                        buckets=context_buckets(
-                                            prompt_buckets,
-                                            parent_tokens + join_width(k, worker_tokens)),
-                                        pad_id=pad_id),
-        group_size=1, max_new_tokens=final_tokens, stop_tokens=eos, rng=keys[2], **common))
+        params, None, context=kept, group_size=1, max_new_tokens=final_tokens, stop_tokens=eos,
+        rng=keys[2], prefixes=Prefixes(tokens_NxQ=jnp.asarray(join_tokens),
+                                       mask_NxQ=jnp.asarray(join_mask)), **common))
     third = [_row(out3, r) if spawned_E[r] else ([], [], []) for r in range(n)]
 
   # The training rows.

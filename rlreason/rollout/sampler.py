@@ -24,6 +24,12 @@ top-p, stop set, cache dtype, sample dtype), so a training run compiles once per
 Temperature is traced (changing it does not recompile), except that temperature 0 selects
 greedy decoding.
 
+A call can keep its rows' cache for a later one (`return_context=True`: the last sampled token
+is fed too, so the cache holds every row's prompt and tokens) and a later call can continue
+from it (`context=`, no prompt and no prefill: its rows read the kept segments, G rows per kept
+row, and start with their prefixes): rollout/fork_join.py's workers and join read the parent's
+cache this way instead of prefilling its context again.
+
 Deliberately not here: tokenisation and bucketing (`prepare_prompts` wraps tokenizer.pad_left),
 beam search, speculative decoding, a paged cache.
 """
@@ -31,6 +37,7 @@ beam search, speculative decoding, a paged cache.
 from collections.abc import Sequence
 import functools
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -40,6 +47,19 @@ from rlreason.model import tokenizer
 from rlreason.model import transformer
 from rlreason.rollout import sampling
 from rlreason.structs import Prefixes, Prompts, Rollout
+
+
+@flax.struct.dataclass
+class Context:
+  """A call's rows as a later call continues them (`generate(return_context=True)`).
+
+  segments: the read-only cache segments (the prompts', then the rows' own: prefix and sampled
+  tokens); pos_N: each row's next RoPE position; tokens: the slots the segments hold per row
+  (static: it sizes the next call's RoPE table)."""
+  segments: tuple[transformer.FrozenKV, ...]
+  pos_N: jax.Array
+  tokens: int = flax.struct.field(pytree_node=False, default=0)
+
 
 MAX_CHUNKS = 8  # Default while_loops per decode (see decode_chunks).
 DONE_CHECK_EVERY = 8  # Steps between all-reduces of "every row done" when rows are sharded.
@@ -92,7 +112,7 @@ def memory_estimate(cfg: transformer.ModelConfig, *, batch: int, group_size: int
 
 
 def _validate(prompts, cfg, group_size, max_new_tokens, temperature, top_k, top_p,
-              stop_tokens, prefixes):
+              stop_tokens, prefixes, context=None):
   if group_size < 1:
     raise ValueError(f'group_size must be >= 1, got {group_size}.')
   if max_new_tokens <= 0:
@@ -106,6 +126,15 @@ def _validate(prompts, cfg, group_size, max_new_tokens, temperature, top_k, top_
   bad = [t for t in stop_tokens if not 0 <= t < cfg.vocab_size]
   if bad:
     raise ValueError(f'stop_tokens {bad} are outside the vocabulary [0, {cfg.vocab_size}).')
+  if context is not None:
+    if prompts is not None or prefixes is None:
+      raise ValueError('generate(context=...) continues kept rows: pass prompts=None and '
+                       'prefixes (the rows start from their prefix, there are no prompt logits).')
+    n = context.pos_N.shape[0] * group_size
+    if prefixes.tokens_NxQ.shape[0] != n:
+      raise ValueError(f'prefixes: {prefixes.tokens_NxQ.shape[0]} rows, expected the '
+                       f"context's rows x G = {n}.")
+    return
   if prompts.tokens_BxP.ndim != 2 or prompts.tokens_BxP.shape != prompts.mask_BxP.shape:
     raise ValueError(f'prompts: tokens {prompts.tokens_BxP.shape} and mask '
                      f'{prompts.mask_BxP.shape} must be equal 2-D shapes.')
@@ -130,7 +159,8 @@ def generate(params, prompts: Prompts, *, cfg: transformer.ModelConfig, group_si
              mesh: jax.sharding.Mesh | None = None,
              memory_budget_bytes: int | None = None, max_chunks: int = MAX_CHUNKS,
              sample_dtype: str | None = None, row_rng: bool = False,
-             max_new_tokens_N=None) -> Rollout:
+             max_new_tokens_N=None, context: Context | None = None,
+             return_context: bool = False) -> Rollout | tuple[Rollout, Context]:
   """Samples G completions for each of B prompts.
 
   Args:
@@ -169,17 +199,23 @@ def generate(params, prompts: Prompts, *, cfg: transformer.ModelConfig, group_si
     max_new_tokens_N: optional int (N,) per-row limits in [1, max_new_tokens]: row n
       finishes after that many sampled tokens (truncated_N says whether it stopped on a
       stop token); the benchmark imposes lengths with it.
+    context: continue the rows of an earlier call's `return_context` instead of prompts
+      (prompts=None): row n reads kept row n // G's segments, nothing is prefilled again, and
+      `prefixes` (required) are fed first; Rollout.prompts is then None. Equal, up to
+      rounding, to prompting each row with the kept row's prompt and tokens.
+    return_context: also return a Context of the call's rows (one more forward pass feeds the
+      last sampled token): (rollout, context).
   """
   _validate(prompts, cfg, group_size, max_new_tokens, temperature, top_k, top_p, stop_tokens,
-            prefixes)
+            prefixes, context)
+  b, p = ((context.pos_N.shape[0], context.tokens) if context is not None
+          else prompts.tokens_BxP.shape)
   if max_new_tokens_N is not None:
-    max_new_tokens_N = check_row_limits(max_new_tokens_N, prompts.tokens_BxP.shape[0] * group_size,
-                                        max_new_tokens)
+    max_new_tokens_N = check_row_limits(max_new_tokens_N, b * group_size, max_new_tokens)
   if max_chunks < 1:
     raise ValueError(f'max_chunks must be >= 1, got {max_chunks}.')
   if sample_dtype not in (None, 'bfloat16'):
     raise ValueError(f"sample_dtype={sample_dtype!r}; known: None (cfg's dtypes), 'bfloat16'.")
-  b, p = prompts.tokens_BxP.shape
   q = 0 if prefixes is None else prefixes.tokens_NxQ.shape[1]
   if memory_budget_bytes is not None:
     est = memory_estimate(cfg, batch=b, group_size=group_size, prompt_len=p,
@@ -202,11 +238,12 @@ def generate(params, prompts: Prompts, *, cfg: transformer.ModelConfig, group_si
     rng = jax.device_put(rng, jax.sharding.NamedSharding(mesh, jax.P()))
   fn = _generate_fn(cfg, group_size, max_new_tokens, temperature == 0, int(top_k), float(top_p),
                     tuple(int(t) for t in stop_tokens), int(pad_id), cache_dtype, mesh,
-                    int(max_chunks), sample_dtype, bool(row_rng))
+                    int(max_chunks), sample_dtype, bool(row_rng), bool(return_context))
+  extra = {} if context is None else dict(context=context)
   if max_new_tokens_N is None:
-    return fn(params, prompts, prefixes, jnp.float32(max(temperature, 1e-6)), rng)
+    return fn(params, prompts, prefixes, jnp.float32(max(temperature, 1e-6)), rng, **extra)
   return fn(params, prompts, prefixes, jnp.float32(max(temperature, 1e-6)), rng,
-            limit_N=max_new_tokens_N)
+            limit_N=max_new_tokens_N, **extra)
 
 
 def check_row_limits(max_new_tokens_N, rows: int, max_new_tokens: int) -> jax.Array:
@@ -224,11 +261,13 @@ def check_row_limits(max_new_tokens_N, rows: int, max_new_tokens: int) -> jax.Ar
 
 @functools.lru_cache(maxsize=32)
 def _generate_fn(cfg, group_size, max_new_tokens, greedy, top_k, top_p, stop_tokens, pad_id,
-                 cache_dtype, mesh, max_chunks, sample_dtype=None, row_rng=False):
+                 cache_dtype, mesh, max_chunks, sample_dtype=None, row_rng=False,
+                 return_context=False):
   return jax.jit(functools.partial(
       _generate, cfg=cfg, group_size=group_size, max_new_tokens=max_new_tokens, greedy=greedy,
       top_k=top_k, top_p=top_p, stop_tokens=stop_tokens, pad_id=pad_id, cache_dtype=cache_dtype,
-      mesh=mesh, max_chunks=max_chunks, sample_dtype=sample_dtype, row_rng=row_rng))
+      mesh=mesh, max_chunks=max_chunks, sample_dtype=sample_dtype, row_rng=row_rng,
+      return_context=return_context))
 
 
 def decode_chunks(steps: int, max_chunks: int, min_chunk: int = 16) -> list[tuple[int, int]]:
@@ -241,16 +280,17 @@ def decode_chunks(steps: int, max_chunks: int, min_chunk: int = 16) -> list[tupl
   return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
 
-def _generate(params, prompts, prefixes, temperature, rng, limit_N=None, *, cfg, group_size,
-              max_new_tokens, greedy, top_k, top_p, stop_tokens, pad_id, cache_dtype, mesh,
-              max_chunks, sample_dtype=None, row_rng=False):
+def _generate(params, prompts, prefixes, temperature, rng, limit_N=None, context=None, *, cfg,
+              group_size, max_new_tokens, greedy, top_k, top_p, stop_tokens, pad_id, cache_dtype,
+              mesh, max_chunks, sample_dtype=None, row_rng=False, return_context=False):
   if sample_dtype is not None:
     # Cast inside the jit, once before prefill and the decode loops (which read the cast
     # copy): the caller's params stay as they are, no bf16 copy outlives the call.
     # logits_from_hidden still accumulates the vocabulary projection in fp32.
     cfg = cfg.replace(param_dtype=sample_dtype, compute_dtype=sample_dtype)
     params = jax.tree.map(lambda x: x.astype(sample_dtype), params)
-  b, p = prompts.tokens_BxP.shape
+  b, p = ((context.pos_N.shape[0], context.tokens) if context is not None
+          else prompts.tokens_BxP.shape)
   n = b * group_size
   q = 0 if prefixes is None else prefixes.tokens_NxQ.shape[1]
   size, length = p + q + max_new_tokens, q + max_new_tokens
@@ -267,15 +307,20 @@ def _generate(params, prompts, prefixes, temperature, rng, limit_N=None, *, cfg,
 
   # Prefill each prompt once. Its cache becomes a frozen segment that its G samples read
   # (prompt-major rows), never copied G times; each row's own tokens go to later segments.
-  prompt_cache = transformer.init_cache(cfg, b, p, cache_dtype)
-  h_BxPxD, prompt_cache = transformer.apply(params, prompts.tokens_BxP, cfg=cfg,
-                                      mask_NxT=prompts.mask_BxP, cache=prompt_cache,
-                                      return_hidden=True)
-  logits_BxV = transformer.logits_from_hidden(params, h_BxPxD[:, -1:], cfg=cfg)[:, 0]
   repeat = lambda x: on_rows(jnp.repeat(x, group_size, axis=0)) if x.ndim else x
-  shared, own = (jax.tree.map(on_rows, transformer.freeze(prompt_cache)),), ()
-  pos_N = repeat(prompt_cache.pos_N)
-  logits_NxV = repeat(logits_BxV)
+  if context is None:
+    prompt_cache = transformer.init_cache(cfg, b, p, cache_dtype)
+    h_BxPxD, prompt_cache = transformer.apply(params, prompts.tokens_BxP, cfg=cfg,
+                                              mask_NxT=prompts.mask_BxP, cache=prompt_cache,
+                                              return_hidden=True)
+    logits_BxV = transformer.logits_from_hidden(params, h_BxPxD[:, -1:], cfg=cfg)[:, 0]
+    shared, own = (jax.tree.map(on_rows, transformer.freeze(prompt_cache)),), ()
+    pos_N = repeat(prompt_cache.pos_N)
+    logits_NxV = repeat(logits_BxV)
+  else:  # The kept rows' segments, read by G rows each; the rows start from their prefixes.
+    shared, own = tuple(jax.tree.map(on_rows, seg) for seg in context.segments), ()
+    pos_N = repeat(context.pos_N)
+    logits_NxV = on_rows(jnp.zeros((n, cfg.vocab_size), jnp.float32))
   tempered = lambda lg: lg / temperature if not greedy else lg
 
   tokens_NxL = jnp.full((n, length), pad_id, jnp.int32)
@@ -366,7 +411,15 @@ def _generate(params, prompts, prefixes, temperature, rng, limit_N=None, *, cfg,
     own = (transformer.freeze(cache, after=own[0] if own else None),)
     pos_N = cache.pos_N
   # The last token needs no forward pass after it (a no-op if every row already stopped).
-  _, _, done_N, sampled_N, outs = sample(i, logits_NxV, done_N, sampled_N, outs)
+  last_N, last_active_N, done_N, sampled_N, outs = sample(i, logits_NxV, done_N, sampled_N, outs)
+  kept = None
+  if return_context:  # ... except to keep it in the cache: every row's tokens, one segment.
+    cache = jax.tree.map(on_rows, transformer.init_cache(cfg, n, 1, cache_dtype, pos_N=pos_N))
+    _, cache = transformer.apply(params, last_N[:, None], cfg=cfg,
+                                 mask_NxT=last_active_N[:, None],
+                                 cache=cache.replace(frozen=shared + own), rope_table=rope_table)
+    kept = Context(segments=shared + (transformer.freeze(cache, after=own[0] if own else None),),
+                   pos_N=cache.pos_N, tokens=size)
 
   if prefixes is None:
     tokens_NxL, logp_NxL, blogp_NxL = (x.T for x in outs)
@@ -384,11 +437,12 @@ def _generate(params, prompts, prefixes, temperature, rng, limit_N=None, *, cfg,
   if limit_N is not None:  # Truncated: no stop token among the row's sampled tokens.
     sampled_NxL = mask_NxL & ~prefix_mask_NxL
     truncated_N = ~jnp.any(sampled_NxL & jnp.isin(tokens_NxL, stop_S), axis=1)
-  return Rollout(
+  rollout = Rollout(
       prompts=prompts, tokens_NxL=tokens_NxL, mask_NxL=mask_NxL,
       prefix_mask_NxL=prefix_mask_NxL, logprobs_NxL=jnp.where(mask_NxL, logp_NxL, 0.0),
       behaviour_logprobs_NxL=jnp.where(mask_NxL, blogp_NxL, 0.0), truncated_N=truncated_N,
       lengths_N=mask_NxL.sum(axis=1, dtype=jnp.int32), group_size=group_size)
+  return rollout if kept is None else (rollout, kept)
 
 
 def _keep_decoding(state, *, stop: int, early_exit: bool, check_every: int) -> jax.Array:

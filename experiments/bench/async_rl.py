@@ -42,7 +42,18 @@ old log-prob forward plus forward and backward (~8 x params), so at any length t
 rl.async_mode='inline' (the same schedule, no overlap): the smoke test's cheap path; its
 timing means nothing.
 
-Measured: see README ("Asynchronous sampling").
+Measured (2026-12-02, seed 0, 80 steps, load average ~15 on the 2 cores: other jobs, and
+bench/partial_rollouts on CPU 1, the sampler's): sync 6.30 s/step wall, 0.914 CPU s/step;
+async 4.66 s/step wall, 0.858 CPU s/step (learner); pass@1 1.000 / 0.998. Wall
+async_speedup=1.353 is a load artifact (two processes get more of a contended machine's
+time slices than one); cpu_speedup=1.066 is the real gain. The learner's CPU per sync step,
+profiled (process time, demo seed 0): the old log-prob forward 0.167 s, the train step
+0.654, sampling 0.111, verification 0.014, advantages + provenance + sampler metrics 0.014:
+async hides only the sampling (11%), so 1.13x is this task's ceiling on a CPU; verification
+(1.4%) is not worth a move to the sampler. The old log-prob forward (17%) is needed in both
+modes (π_prox = the learner's params when the batch is formed) and duplicates the train
+step's forward only when rl.epochs = rl.minibatches = 1; dropping it there changes the PPO
+ratio's last bits, so the sync path would not stay bit-exact: kept.
 
 Deliberately not here: more than two cores, staleness sweeps (--staleness takes one value),
 several seeds.

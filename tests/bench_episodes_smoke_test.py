@@ -24,7 +24,8 @@ def test_smoke_prints_the_table_and_speedups():
   env['XLA_FLAGS'] = '--xla_backend_optimization_level=0'
   env.update(JAX_PLATFORMS='cpu',
              JAX_COMPILATION_CACHE_DIR=str(jax.config.jax_compilation_cache_dir),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0.5', PYTHONUNBUFFERED='1')
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=str(
+                 jax.config.jax_persistent_cache_min_compile_time_secs), PYTHONUNBUFFERED='1')
   # 2 devices: both JAX contenders run data-parallel on a mesh, as on the 2-core benchmark host.
   p = subprocess.run([sys.executable, '-m', 'experiments.bench.episodes', '--smoke',
                       '--cpu_devices', '2', '--threads', '1'], cwd=ROOT, env=env,

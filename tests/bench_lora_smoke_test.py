@@ -22,7 +22,8 @@ def test_smoke_prints_the_table_and_ratios():
   env['XLA_FLAGS'] = '--xla_backend_optimization_level=0'
   env.update(JAX_PLATFORMS='cpu',
              JAX_COMPILATION_CACHE_DIR=str(jax.config.jax_compilation_cache_dir),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0.5', PYTHONUNBUFFERED='1')
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=str(
+                 jax.config.jax_persistent_cache_min_compile_time_secs), PYTHONUNBUFFERED='1')
   p = subprocess.run([sys.executable, '-m', 'experiments.bench.lora', '--configs', 'tiny',
                       '--steps', '1', '--warmup', '0', '--quantize', 'int8,nf4'], cwd=ROOT,
                      env=env, capture_output=True, text=True, timeout=300)

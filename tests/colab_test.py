@@ -38,7 +38,8 @@ def test_notebook_executes(path, monkeypatch):
   monkeypatch.setenv('XLA_FLAGS', '--xla_backend_optimization_level=0')
   # conftest points the suite at it.
   monkeypatch.setenv('JAX_COMPILATION_CACHE_DIR', str(jax.config.jax_compilation_cache_dir))
-  monkeypatch.setenv('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.5')
+  monkeypatch.setenv('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS',
+                     str(jax.config.jax_persistent_cache_min_compile_time_secs))
   monkeypatch.setenv('PATH', os.pathsep.join([str(pathlib.Path(sys.executable).parent),
                                               os.environ.get('PATH', '')]))
   nb = nbformat.read(str(path), as_version=4)

@@ -15,6 +15,11 @@ agree before anything is timed.
   python -m experiments.bench.forward --configs small,mid --steps 5 --warmup 2 [--threads N]
   python -m experiments.bench.forward --configs mid --dtype both   # + the bf16 line
 
+`--remat none|full|dots` sets rlreason's ModelConfig.remat (torch keeps every activation).
+The table gives each step's median wall time and the process's CPU time during it (cpu_s):
+on a loaded machine wall times stretch unevenly, CPU times much less; the final lines come
+as `<name>_cpu_time=` (the CPU-time ratio) followed by `<name>=` (the wall-time ratio).
+
 `--threads N` (default: os.cpu_count()) confines the process to N cores before JAX creates
 its backend (XLA sizes its CPU thread pool from the cores it may run on, and cannot use
 more) and gives torch N threads, so both frameworks get the same cores.
@@ -76,13 +81,14 @@ class BenchConfig:
   def head_dim(self) -> int:
     return self.hidden // self.heads
 
-  def model_config(self, compute_dtype: str = 'float32') -> transformer.ModelConfig:
+  def model_config(self, compute_dtype: str = 'float32',
+                   remat: str = 'none') -> transformer.ModelConfig:
     return transformer.ModelConfig(
         vocab_size=self.vocab, hidden_size=self.hidden, intermediate_size=self.mlp,
         num_layers=self.layers, num_heads=self.heads, num_kv_heads=self.kv_heads,
         head_dim=self.head_dim, qkv_bias=True, tie_embeddings=False, family='qwen2',
         max_position_embeddings=max(self.seq, 4096), rope_theta=10_000.0, rms_norm_eps=1e-6,
-        compute_dtype=compute_dtype)
+        compute_dtype=compute_dtype, remat=remat)
 
   def flops(self) -> float:
     """Model FLOPs of one training step (see the module docstring)."""
@@ -130,6 +136,7 @@ class Result:
   tokens: int
   flops: float
   note: str = ''
+  cpu_s: float = float('nan')
 
 
 def _time_interleaved(steps_by_name, warmup: int, steps: int) -> dict[str, float]:
@@ -138,16 +145,27 @@ def _time_interleaved(steps_by_name, warmup: int, steps: int) -> dict[str, float
   Taking turns spreads load from other processes over all callables alike,
   instead of onto whichever happened to run at the time.
   """
+  return {name: t[0] for name, t in _time_interleaved_cpu(steps_by_name, warmup, steps).items()}
+
+
+def _time_interleaved_cpu(steps_by_name, warmup: int,
+                          steps: int) -> dict[str, tuple[float, float]]:
+  """(median wall, median CPU) seconds per blocking call, taking turns as above.
+
+  CPU time is this process's (every thread's) during the call: under load from other
+  processes it grows far less than the wall time, so it compares the frameworks' work.
+  """
   for _ in range(warmup):
     for step in steps_by_name.values():
       step()
-  times = {name: [] for name in steps_by_name}
+  times = {name: ([], []) for name in steps_by_name}
   for _ in range(steps):
     for name, step in steps_by_name.items():
-      start = time.perf_counter()
+      start, start_cpu = time.perf_counter(), time.process_time()
       step()
-      times[name].append(time.perf_counter() - start)
-  return {name: statistics.median(t) for name, t in times.items()}
+      times[name][0].append(time.perf_counter() - start)
+      times[name][1].append(time.process_time() - start_cpu)
+  return {name: (statistics.median(w), statistics.median(c)) for name, (w, c) in times.items()}
 
 
 def matmul_peaks(n: int = 4096, repeats: int = 3) -> dict[str, float]:
@@ -331,7 +349,7 @@ def _max_rel_diff(a, b) -> tuple[float, str]:
 
 def bench_config(bc: BenchConfig, args, dtype: str) -> list[Result]:
   import torch  # pylint: disable=g-import-not-at-top
-  cfg = bc.model_config(dtype)
+  cfg = bc.model_config(dtype, args.remat)
   arrays = make_batch(bc)
   net = build_torch_model(bc, args.torch_attn)
   params = params_from_torch(net.state_dict(), cfg)
@@ -372,17 +390,18 @@ def bench_config(bc: BenchConfig, args, dtype: str) -> list[Result]:
   runners = {'jax': run_jax}
   if not args.skip_torch:
     runners['torch'] = torch_step
-  times = _time_interleaved(runners, args.warmup, args.steps)
+  times = _time_interleaved_cpu(runners, args.warmup, args.steps)
   skipped = int(box['state'].skipped)
   if skipped:
     raise SystemExit(f'[{bc.name}] train_step skipped {skipped} non-finite updates')
-  notes = {'jax': f'{dtype} update.train_step',
+  remat = '' if args.remat == 'none' else f' remat={args.remat}'
+  notes = {'jax': f'{dtype} update.train_step{remat}',
            'torch': f'{dtype} {args.torch_attn} adamw={args.torch_adamw}'}
   results = []
-  for fw, t in times.items():
+  for fw, (t, cpu) in times.items():
     name = bc.name if dtype == 'float32' else f'{bc.name}/bf16'
-    results.append(Result(name, fw, t, bc.batch * bc.seq, bc.flops(), notes[fw]))
-    print(f'[{bc.name}] {fw} step {t:.3f}s', flush=True)
+    results.append(Result(name, fw, t, bc.batch * bc.seq, bc.flops(), notes[fw], cpu))
+    print(f'[{bc.name}] {fw} step {t:.3f}s (CPU {cpu:.3f}s)', flush=True)
   return results
 
 
@@ -392,13 +411,14 @@ def print_table(results: list[Result], peaks: dict[str, float], threads: int):
         f'torch {peaks["torch"]:.1f} GFLOP/s (MFU vs {peak:.1f}); threads {threads} '
         f'(cores {sorted(os.sched_getaffinity(0))} of {os.cpu_count()}); '
         f'load average {" ".join(f"{x:.2f}" for x in os.getloadavg())}')
-  header = (f'{"config":<10} {"framework":<9} {"step_s":>8} {"tokens/s":>9} '
+  header = (f'{"config":<10} {"framework":<9} {"step_s":>8} {"cpu_s":>8} {"tokens/s":>9} '
             f'{"GFLOP/s":>8} {"MFU":>6}  note')
   print(header)
   print('-' * len(header))
   for r in results:
     gflops = r.flops / r.step_s / 1e9
-    print(f'{r.config:<10} {r.framework:<9} {r.step_s:>8.3f} {r.tokens / r.step_s:>9.0f} '
+    print(f'{r.config:<10} {r.framework:<9} {r.step_s:>8.3f} {r.cpu_s:>8.3f} '
+          f'{r.tokens / r.step_s:>9.0f} '
           f'{gflops:>8.1f} {gflops / peak:>6.1%}  {r.note}')
 
 
@@ -410,6 +430,8 @@ def main(argv=None):
   parser.add_argument('--dtype', default='float32', choices=('float32', 'bfloat16', 'both'),
                       help='compute dtype (params stay fp32; torch uses autocast for bf16); '
                            "'both' runs fp32 then bf16 and prints both final lines")
+  parser.add_argument('--remat', default='none', choices=('none', 'full', 'dots'),
+                      help="ModelConfig.remat of rlreason's step (torch keeps its activations)")
   parser.add_argument('--torch_attn', default='sdpa', choices=('sdpa', 'eager'))
   parser.add_argument('--torch_adamw', default='fused', choices=('fused', 'foreach', 'loop'),
                       help="torch AdamW kernel ('loop' is torch's CPU default)")
@@ -435,12 +457,14 @@ def main(argv=None):
     for name in args.configs.split(','):
       results += bench_config(CONFIGS[name], args, dtype)
   print_table(results, peaks, args.threads)
-  by = {(r.config, r.framework): r.step_s for r in results}
+  by = {(r.config, r.framework): r for r in results}
   for config, line in (('mid', 'train_step_speedup_vs_torch'),
                        ('mid/bf16', 'train_step_bf16_speedup_vs_torch')):
     if (config, 'jax') in by and (config, 'torch') in by:  # Mixed precision: bf16 compute,
       # fp32 master weights and log-softmax, against torch.autocast(bfloat16).
-      print(f'{line}={by[config, "torch"] / by[config, "jax"]:.3f}')
+      jax_r, torch_r = by[config, 'jax'], by[config, 'torch']
+      print(f'{line}_cpu_time={torch_r.cpu_s / jax_r.cpu_s:.3f}')
+      print(f'{line}={torch_r.step_s / jax_r.step_s:.3f}')
 
 
 if __name__ == '__main__':

@@ -15,6 +15,13 @@ memory traffic.
 `cache_attention` is the other half: T new tokens against cached keys held in segments
 (see transformer.KVCache), some of them shared by groups of rows, combined in one softmax.
 
+Inside, the kernel runs head-major: queries NxKxTxRxDh, keys and values NxKxTxDh, so each
+(row, kv head) pair's scores q . k and outputs p . v are plain matmuls over contiguous
+memory ([B*R, Dh] x [Dh, S] and [B*R, S] x [S, Dh]) with the batch axes leading. With the
+projections' token-major operands (NxTxKxRxDh) XLA:CPU transposed a block of queries and
+all keys seen so far for every query block, forward and backward; now one transpose per
+tensor and layer does it, and `causal_attention`'s interface stays token-major.
+
 Deliberately not here: sliding windows, and an online softmax over key blocks in the
 training forward (each query block's keys are one array; that is what makes the forward a
 few large matmuls on CPU).
@@ -37,10 +44,10 @@ def block_size(t: int) -> int:
   return max(64, -(-t // 16))
 
 
-def _scores(q_NxBxKxRxDh, k_NxSxKxDh, allowed_NxBxS, scale):
-  s = jnp.einsum('nbkrd,nskd->nkrbs', q_NxBxKxRxDh, k_NxSxKxDh,
+def _scores(q_NxKxBxRxDh, k_NxKxSxDh, allowed_NxBxS, scale):
+  s = jnp.einsum('nkbrd,nksd->nkbrs', q_NxKxBxRxDh, k_NxKxSxDh,
                  preferred_element_type=jnp.float32) * scale
-  return jnp.where(allowed_NxBxS[:, None, None], s, NEG_INF)
+  return jnp.where(allowed_NxBxS[:, None, :, None, :], s, NEG_INF)
 
 
 def _allowed(mask_NxT, start: int, stop: int, end_NxT=None):
@@ -58,19 +65,20 @@ def _blocks(t: int, block: int):
 
 
 def _forward(q, k, v, mask_NxT, end_NxT, block):
-  n, t, kh, r, dh = q.shape
-  scale = dh ** -0.5
+  """Head-major: q NxKxTxRxDh, k and v NxKxTxDh -> (out NxKxTxRxDh, lse NxKxTxR)."""
+  scale = q.shape[-1] ** -0.5
   outs, lses = [], []
-  for start, stop in _blocks(t, block):
-    s = _scores(q[:, start:stop], k[:, :stop], _allowed(mask_NxT, start, stop, end_NxT), scale)
+  for start, stop in _blocks(q.shape[2], block):
+    s = _scores(q[:, :, start:stop], k[:, :, :stop], _allowed(mask_NxT, start, stop, end_NxT),
+                scale)
     m = jnp.max(s, axis=-1, keepdims=True)
     p = jnp.exp(s - m)
-    denom_NxKxRxB = jnp.sum(p, axis=-1)
-    o = jnp.einsum('nkrbs,nskd->nbkrd', p.astype(v.dtype), v[:, :stop],
+    denom_NxKxBxR = jnp.sum(p, axis=-1)
+    o = jnp.einsum('nkbrs,nksd->nkbrd', p.astype(v.dtype), v[:, :, :stop],
                    preferred_element_type=jnp.float32)
-    outs.append((o / jnp.moveaxis(denom_NxKxRxB, -1, 1)[..., None]).astype(q.dtype))
-    lses.append(m[..., 0] + jnp.log(denom_NxKxRxB))
-  return jnp.concatenate(outs, axis=1), jnp.concatenate(lses, axis=-1)
+    outs.append((o / denom_NxKxBxR[..., None]).astype(q.dtype))
+    lses.append(m[..., 0] + jnp.log(denom_NxKxBxR))
+  return jnp.concatenate(outs, axis=2), jnp.concatenate(lses, axis=2)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
@@ -85,30 +93,29 @@ def _attention_fwd(q, k, v, mask_NxT, end_NxT, block):
 
 def _attention_bwd(block, res, d_out):
   q, k, v, mask_NxT, end_NxT, out, lse = res
-  n, t, kh, r, dh = q.shape
-  scale = dh ** -0.5
+  scale = q.shape[-1] ** -0.5
   # delta[n, t] = sum_d dO * O: the softmax Jacobian's row term, one pass over the output.
-  delta_NxKxRxT = jnp.einsum('ntkrd,ntkrd->nkrt', d_out.astype(jnp.float32),
+  delta_NxKxTxR = jnp.einsum('nktrd,nktrd->nktr', d_out.astype(jnp.float32),
                              out.astype(jnp.float32))
   dq_blocks = []
   dk = jnp.zeros(k.shape, jnp.float32)
   dv = jnp.zeros(v.shape, jnp.float32)
-  for start, stop in _blocks(t, block):
+  for start, stop in _blocks(q.shape[2], block):
     allowed = _allowed(mask_NxT, start, stop, end_NxT)
-    s = _scores(q[:, start:stop], k[:, :stop], allowed, scale)
+    s = _scores(q[:, :, start:stop], k[:, :, :stop], allowed, scale)
     # Masked entries get probability exactly 0 (not exp(NEG_INF - lse), which is 1 on a
     # fully masked pad row).
-    p = jnp.where(allowed[:, None, None], jnp.exp(s - lse[..., start:stop, None]), 0.0)
-    do = d_out[:, start:stop]
-    dp = jnp.einsum('nbkrd,nskd->nkrbs', do, v[:, :stop], preferred_element_type=jnp.float32)
-    ds = (p * (dp - delta_NxKxRxT[..., start:stop, None]) * scale).astype(q.dtype)
-    dq_blocks.append(jnp.einsum('nkrbs,nskd->nbkrd', ds, k[:, :stop],
+    p = jnp.where(allowed[:, None, :, None, :], jnp.exp(s - lse[:, :, start:stop, :, None]), 0.0)
+    do = d_out[:, :, start:stop]
+    dp = jnp.einsum('nkbrd,nksd->nkbrs', do, v[:, :, :stop], preferred_element_type=jnp.float32)
+    ds = (p * (dp - delta_NxKxTxR[:, :, start:stop, :, None]) * scale).astype(q.dtype)
+    dq_blocks.append(jnp.einsum('nkbrs,nksd->nkbrd', ds, k[:, :, :stop],
                                 preferred_element_type=jnp.float32))
-    dk = dk.at[:, :stop].add(jnp.einsum('nkrbs,nbkrd->nskd', ds, q[:, start:stop],
-                                        preferred_element_type=jnp.float32))
-    dv = dv.at[:, :stop].add(jnp.einsum('nkrbs,nbkrd->nskd', p.astype(do.dtype), do,
-                                        preferred_element_type=jnp.float32))
-  dq = jnp.concatenate(dq_blocks, axis=1)
+    dk = dk.at[:, :, :stop].add(jnp.einsum('nkbrs,nkbrd->nksd', ds, q[:, :, start:stop],
+                                           preferred_element_type=jnp.float32))
+    dv = dv.at[:, :, :stop].add(jnp.einsum('nkbrs,nkbrd->nksd', p.astype(do.dtype), do,
+                                           preferred_element_type=jnp.float32))
+  dq = jnp.concatenate(dq_blocks, axis=2)
   return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
 
 
@@ -129,11 +136,11 @@ def causal_attention(q_NxTxKxRxDh, k_NxTxKxDh, v_NxTxKxDh, mask_NxT, *, block: i
       node's subtree the range [s, end[s]], so each token attends to its ancestors exactly.
   """
   t = q_NxTxKxRxDh.shape[1]
-  if subtree_end_NxT is not None:  # A packed trie: this kernel's blocks carry its limits.
-    return _attention(q_NxTxKxRxDh, k_NxTxKxDh, v_NxTxKxDh, mask_NxT.astype(bool),
-                      subtree_end_NxT, block or block_size(t))
-  return _attention(q_NxTxKxRxDh, k_NxTxKxDh, v_NxTxKxDh, mask_NxT.astype(bool), None,
-                    block or block_size(t))
+  # subtree_end_NxT: a packed trie, whose limits this kernel's blocks carry (None: causal).
+  out_NxKxTxRxDh = _attention(q_NxTxKxRxDh.transpose(0, 2, 1, 3, 4), k_NxTxKxDh.swapaxes(1, 2),
+                              v_NxTxKxDh.swapaxes(1, 2), mask_NxT.astype(bool), subtree_end_NxT,
+                              block or block_size(t))
+  return out_NxKxTxRxDh.transpose(0, 2, 1, 3, 4)
 
 
 def _to_segment(x_NxTxKxRxD, rows):

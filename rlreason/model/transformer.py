@@ -12,35 +12,36 @@ parameter carries logical axis names (`param_axes`), which sharding.py maps to a
 mesh; this module never names a mesh axis.
 
 `init_value_head` and `values_from_hidden` are the optional critic head (PPO with GAE).
+The layers (attention, MLP, block) are in layers.py; RoPE (rope.py) and the KV cache
+(kv_cache.py) have their own modules, re-exported here.
 
 Deliberately not here: sampling, losses, sharding rules, checkpoint formats.
 """
 
 import dataclasses
 import functools
-import math
 from typing import Any
 
-import flax
 from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlreason.model import attention
 from rlreason.model import dart
+from rlreason.model import kv_cache
+from rlreason.model import layers
 from rlreason.model import rollout_head
+from rlreason.model import rope as rope_lib
+
+# Re-exported: callers name them transformer.X (RoPE and the cache were split out of here).
+Llama3RopeScaling = rope_lib.Llama3RopeScaling
+rope_inv_freq, rope_cos_sin, rope_table = (rope_lib.rope_inv_freq, rope_lib.rope_cos_sin,
+                                           rope_lib.rope_table)
+rotate, apply_rope = rope_lib.rotate, rope_lib.apply_rope
+FrozenKV, KVCache, init_cache, freeze = (kv_cache.FrozenKV, kv_cache.KVCache, kv_cache.init_cache,
+                                         kv_cache.freeze)
 
 Params = Any  # nested dict of arrays, as returned by init_params.
-
-
-@dataclasses.dataclass(frozen=True)
-class Llama3RopeScaling:
-  """Llama 3.1's frequency-dependent RoPE rescaling (HF rope_type 'llama3')."""
-  factor: float = 8.0
-  low_freq_factor: float = 1.0
-  high_freq_factor: float = 4.0
-  original_max_position_embeddings: int = 8192
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,258 +87,18 @@ class ModelConfig:
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract_params(self)))
 
 
-@flax.struct.dataclass
-class FrozenKV:
-  """A read-only cache segment that new tokens attend to but never write: keys AxKxDhxS and
-  values AxKxSxDh per layer, mask_AxS its valid slots. A cache of N rows may hold one with
-  A = N/G rows, each read by G consecutive rows (a prompt's cache shared by its samples)."""
-  keys: tuple[jax.Array, ...]
-  values: tuple[jax.Array, ...]
-  mask_AxS: jax.Array
-
-
-@flax.struct.dataclass
-class KVCache:
-  """Keys and values of every layer, written slot by slot, after optional frozen segments.
-
-  keys: one NxKxDhxS array per layer; values: one NxKxSxDh array per layer. Both put the
-  contracted axis second to last, as a matmul reads it: q . k contracts Dh, p . v contracts S.
-  Stored NxKxSxDh, keys make the decode step's scores reduce over the minor Dh axis, which
-  XLA:CPU runs 3-4x slower (the sampler benchmark's shapes; ~8x with the demo's Dh = 16).
-  mask_NxS: the slot holds a real token (left padding and unused slots are False). end: the
-  next slot to write, shared by all rows. pos_N: each row's next RoPE position (its count of
-  real tokens so far, frozen segments included). frozen: earlier segments (`freeze`), all
-  before this one's slots; new tokens attend to their valid slots and to their own.
-  """
-  keys: tuple[jax.Array, ...]
-  values: tuple[jax.Array, ...]
-  mask_NxS: jax.Array
-  end: jax.Array
-  pos_N: jax.Array
-  frozen: tuple[FrozenKV, ...] = ()
-
-  @property
-  def size(self) -> int:
-    return self.mask_NxS.shape[1]
-
-
-def init_cache(cfg: ModelConfig, batch: int, size: int, dtype=None, *,
-               frozen: tuple[FrozenKV, ...] = (), pos_N=None) -> KVCache:
-  """An empty cache of `size` slots for `batch` rows (dtype defaults to compute dtype).
-
-  frozen: segments attended before these slots; pos_N: the rows' next RoPE positions (give
-  the frozen segments' token counts, e.g. `freeze`'s cache's pos_N; default 0).
-  """
-  dtype = dtype or cfg.compute_dtype
-  n, k, dh = batch, cfg.num_kv_heads, cfg.head_dim
-  for seg in frozen:
-    if batch % seg.mask_AxS.shape[0]:
-      raise ValueError(f'init_cache: a frozen segment has {seg.mask_AxS.shape[0]} rows, which '
-                       f'does not divide batch={batch}.')
-  zeros = lambda shape: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
-  pos_N = jnp.zeros((batch,), jnp.int32) if pos_N is None else jnp.asarray(pos_N, jnp.int32)
-  return KVCache(keys=zeros((n, k, dh, size)), values=zeros((n, k, size, dh)),
-                 mask_NxS=jnp.zeros((batch, size), bool), end=jnp.zeros((), jnp.int32),
-                 pos_N=pos_N, frozen=tuple(frozen))
-
-
-def freeze(cache: KVCache, after: FrozenKV | None = None) -> FrozenKV:
-  """The cache's own slots as a read-only segment (its frozen segments are not included),
-  appended to the slots of `after` (same rows) if given: one segment, one copy."""
-  seg = FrozenKV(keys=cache.keys, values=cache.values, mask_AxS=cache.mask_NxS)
-  if after is None:
-    return seg
-  cat = lambda axis: lambda a, b: jnp.concatenate([a, b.astype(a.dtype)], axis=axis)
-  return FrozenKV(keys=tuple(map(cat(3), after.keys, seg.keys)),
-                  values=tuple(map(cat(2), after.values, seg.values)),
-                  mask_AxS=cat(1)(after.mask_AxS, seg.mask_AxS))
-
-
 # ----------------------------------------------------------------------------- layers
-
-
-def _param(rngs, shape, axes, dtype, init='normal'):
-  if init == 'normal':
-    value = 0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)
-  elif init == 'ones':
-    value = jnp.ones(shape, jnp.float32)
-  else:
-    value = jnp.zeros(shape, jnp.float32)
-  return nnx.Param(value.astype(dtype), axes=axes)
-
-
-class RMSNorm(nnx.Module):
-
-  def __init__(self, dim: int, eps: float, dtype, rngs: nnx.Rngs, axes=('norm',)):
-    self.scale = _param(rngs, (dim,), axes, dtype, init='ones')
-    self.eps = eps
-
-  def __call__(self, x):
-    # Normalise in fp32 and cast back before the scale, as HF's Llama/Qwen RMSNorm does.
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    return self.scale[...].astype(x.dtype) * y.astype(x.dtype)
-
-
-def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
-  """Inverse frequencies (Dh/2,), with Llama 3 scaling when configured."""
-  dim = cfg.head_dim
-  inv = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
-  inv = inv.astype(np.float32)
-  s = cfg.rope_scaling
-  if s is None:
-    return inv
-  old = s.original_max_position_embeddings
-  low_wavelen, high_wavelen = old / s.low_freq_factor, old / s.high_freq_factor
-  wavelen = 2 * math.pi / inv
-  scaled = np.where(wavelen > low_wavelen, inv / s.factor, inv)
-  smooth = (old / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
-  smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
-  medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-  return np.where(medium, smoothed, scaled).astype(np.float32)
-
-
-def rope_cos_sin(positions_NxT, inv_freq):
-  """cos and sin of every position's angles, NxTx(Dh/2) each (any leading shape)."""
-  angles = positions_NxT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
-  return jnp.cos(angles), jnp.sin(angles)
-
-
-def rope_table(cfg: ModelConfig, size: int):
-  """`rope_cos_sin` of positions [0, size), SxDh/2 each, for `apply(rope_table=...)`.
-
-  A decode loop computes it once before the loop and gathers one row per step. Computed
-  inside the step instead, XLA fuses cos and sin into every consumer, so they are evaluated
-  again per layer, per head and per use: 0.3 ms a layer in the mid sampler benchmark's
-  decode step on CPU (64 rows).
-  """
-  return rope_cos_sin(jnp.arange(size), rope_inv_freq(cfg))
-
-
-def rotate(x_NxTxHxDh, cos_sin):
-  """Rotate-half RoPE (the HF layout: first and second halves of head_dim pair up)."""
-  cos, sin = (c[:, :, None, :].astype(x_NxTxHxDh.dtype) for c in cos_sin)
-  x1, x2 = jnp.split(x_NxTxHxDh, 2, axis=-1)
-  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-
-
-def apply_rope(x_NxTxHxDh, positions_NxT, inv_freq):
-  """RoPE at the given positions: `rotate` with freshly computed tables."""
-  return rotate(x_NxTxHxDh, rope_cos_sin(positions_NxT, inv_freq))
-
-
-class Attention(nnx.Module):
-
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-    d, h, k, dh, pdt = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.param_dtype
-    self.q = _param(rngs, (d, h, dh), ('embed', 'heads', 'head_dim'), pdt)
-    self.k = _param(rngs, (d, k, dh), ('embed', 'kv_heads', 'head_dim'), pdt)
-    self.v = _param(rngs, (d, k, dh), ('embed', 'kv_heads', 'head_dim'), pdt)
-    self.o = _param(rngs, (h, dh, d), ('heads', 'head_dim', 'embed'), pdt)
-    if cfg.qkv_bias:
-      self.q_bias = _param(rngs, (h, dh), ('heads', 'head_dim'), pdt, init='zeros')
-      self.k_bias = _param(rngs, (k, dh), ('kv_heads', 'head_dim'), pdt, init='zeros')
-      self.v_bias = _param(rngs, (k, dh), ('kv_heads', 'head_dim'), pdt, init='zeros')
-    if cfg.qk_norm:
-      self.q_norm = RMSNorm(dh, cfg.rms_norm_eps, pdt, rngs, axes=('head_dim',))
-      self.k_norm = RMSNorm(dh, cfg.rms_norm_eps, pdt, rngs, axes=('head_dim',))
-    self.cfg = cfg
-
-  def __call__(self, x_NxTxD, rope, mask_NxT, layer_cache, lr=None, subtree_end_NxT=None):
-    """rope: the (cos, sin) tables of this call's positions (`rope_cos_sin`); lr: DART's
-    routed adapters of this layer (dart.layer), or None; subtree_end_NxT: a packed trie's
-    attention limits (attention.causal_attention), full forward only."""
-    cfg, cdt = self.cfg, self.cfg.compute_dtype
-    proj = lambda w, eq, name: (jnp.einsum(eq, x_NxTxD, w[...].astype(cdt))
-                                + dart.lowrank(lr, 'attn', name, x_NxTxD, 1, cdt))
-    q_NxTxHxDh = proj(self.q, 'ntd,dhk->nthk', 'q')
-    k_NxTxKxDh = proj(self.k, 'ntd,dhk->nthk', 'k')
-    v_NxTxKxDh = proj(self.v, 'ntd,dhk->nthk', 'v')
-    if cfg.qkv_bias:
-      q_NxTxHxDh += self.q_bias[...].astype(cdt)
-      k_NxTxKxDh += self.k_bias[...].astype(cdt)
-      v_NxTxKxDh += self.v_bias[...].astype(cdt)
-    if cfg.qk_norm:
-      q_NxTxHxDh, k_NxTxKxDh = self.q_norm(q_NxTxHxDh), self.k_norm(k_NxTxKxDh)
-    q_NxTxHxDh, k_NxTxKxDh = rotate(q_NxTxHxDh, rope), rotate(k_NxTxKxDh, rope)
-
-    n, t, k = x_NxTxD.shape[0], x_NxTxD.shape[1], cfg.num_kv_heads
-    q_NxTxKxRxDh = q_NxTxHxDh.reshape(n, t, k, cfg.num_heads // k, cfg.head_dim)
-    if layer_cache is None:  # Full forward: keys are this call's tokens, causal in order.
-      out_NxTxKxRxDh = attention.causal_attention(q_NxTxKxRxDh, k_NxTxKxDh, v_NxTxKxDh,
-                                                  mask_NxT, subtree_end_NxT=subtree_end_NxT)
-      out_NxTxHxDh = out_NxTxKxRxDh.reshape(n, t, cfg.num_heads, cfg.head_dim)
-      return (jnp.einsum('nthk,hkd->ntd', out_NxTxHxDh, self.o[...].astype(cdt))
-              + dart.lowrank(lr, 'attn', 'o', out_NxTxHxDh, 2, cdt)), None
-
-    # Write this call's keys at slots [end, end + T), attend to every valid slot <= own and
-    # to the frozen segments' valid slots.
-    cache_k, cache_v, cache_mask_NxS, end, frozen = layer_cache
-    keys_NxKxDhxS = jax.lax.dynamic_update_slice_in_dim(
-        cache_k, k_NxTxKxDh.transpose(0, 2, 3, 1).astype(cache_k.dtype), end, axis=3)
-    values_NxKxSxDh = jax.lax.dynamic_update_slice_in_dim(
-        cache_v, v_NxTxKxDh.swapaxes(1, 2).astype(cache_v.dtype), end, axis=2)
-    slot_S = jnp.arange(cache_mask_NxS.shape[1])
-    causal_TxS = slot_S[None, :] <= (end + jnp.arange(t))[:, None]
-    segments = [(fk, fv, fmask_AxS[:, None]) for fk, fv, fmask_AxS in frozen]
-    segments.append((keys_NxKxDhxS, values_NxKxSxDh, causal_TxS[None] & cache_mask_NxS[:, None]))
-    out_NxTxKxRxDh = attention.cache_attention(q_NxTxKxRxDh, segments, dtype=cdt)
-    out_NxTxHxDh = out_NxTxKxRxDh.reshape(n, t, cfg.num_heads, cfg.head_dim)
-    y_NxTxD = (jnp.einsum('nthk,hkd->ntd', out_NxTxHxDh, self.o[...].astype(cdt))
-               + dart.lowrank(lr, 'attn', 'o', out_NxTxHxDh, 2, cdt))
-    return y_NxTxD, (keys_NxKxDhxS, values_NxKxSxDh)
-
-
-class MLP(nnx.Module):
-
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-    d, f, pdt = cfg.hidden_size, cfg.intermediate_size, cfg.param_dtype
-    self.gate = _param(rngs, (d, f), ('embed', 'mlp'), pdt)
-    self.up = _param(rngs, (d, f), ('embed', 'mlp'), pdt)
-    self.down = _param(rngs, (f, d), ('mlp', 'embed'), pdt)
-    self.cdt = cfg.compute_dtype
-
-  def __call__(self, x_NxTxD, lr=None):
-    """lr: DART's routed adapters of this layer (dart.layer), or None."""
-    low = lambda name, x: dart.lowrank(lr, 'mlp', name, x, 1, self.cdt)
-    if x_NxTxD.shape[1] == 1:  # Decoding: stacking would copy both weights every step.
-      gate_NxTxF = x_NxTxD @ self.gate[...].astype(self.cdt) + low('gate', x_NxTxD)
-      up_NxTxF = x_NxTxD @ self.up[...].astype(self.cdt) + low('up', x_NxTxD)
-      hidden_NxTxF = jax.nn.silu(gate_NxTxF) * up_NxTxF
-      return hidden_NxTxF @ self.down[...].astype(self.cdt) + low('down', hidden_NxTxF)
-    # Training and prefill: one matmul for both input projections, stacked on a new axis so
-    # each keeps its own 'mlp' sharding; the backward then sums one product for dx, not two.
-    w_Dx2xF = jnp.stack([self.gate[...], self.up[...]], axis=1).astype(self.cdt)
-    gate_up_NxTx2xF = jnp.einsum('ntd,dcf->ntcf', x_NxTxD, w_Dx2xF)
-    hidden_NxTxF = (jax.nn.silu(gate_up_NxTx2xF[..., 0, :] + low('gate', x_NxTxD))
-                    * (gate_up_NxTx2xF[..., 1, :] + low('up', x_NxTxD)))
-    return hidden_NxTxF @ self.down[...].astype(self.cdt) + low('down', hidden_NxTxF)
-
-
-class Block(nnx.Module):
-
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-    self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype, rngs)
-    self.attn = Attention(cfg, rngs)
-    self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype, rngs)
-    self.mlp = MLP(cfg, rngs)
-
-  def __call__(self, x_NxTxD, rope, mask_NxT, layer_cache, lr=None, subtree_end_NxT=None):
-    y_NxTxD, new_kv = self.attn(self.attn_norm(x_NxTxD), rope, mask_NxT, layer_cache, lr,
-                                subtree_end_NxT)
-    x_NxTxD = x_NxTxD + y_NxTxD
-    return x_NxTxD + self.mlp(self.mlp_norm(x_NxTxD), lr), new_kv
 
 
 class Transformer(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
     self.cfg = cfg
-    self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ('vocab', 'embed'), cfg.param_dtype)
-    self.layers = nnx.Dict({str(i): Block(cfg, rngs) for i in range(cfg.num_layers)})
-    self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype, rngs)
+    self.embed = layers.param(rngs, (cfg.vocab_size, cfg.hidden_size), ('vocab', 'embed'), cfg.param_dtype)
+    self.layers = nnx.Dict({str(i): layers.Block(cfg, rngs) for i in range(cfg.num_layers)})
+    self.final_norm = layers.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype, rngs)
     if not cfg.tie_embeddings:
-      self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ('embed', 'vocab'),
+      self.lm_head = layers.param(rngs, (cfg.hidden_size, cfg.vocab_size), ('embed', 'vocab'),
                             cfg.param_dtype)
 
   def hidden(self, tokens_NxT, rope, mask_NxT, cache: KVCache | None, dart_in=None,
@@ -447,6 +208,9 @@ def apply(params: Params, tokens_NxT, *, cfg: ModelConfig, mask_NxT=None, positi
     positions_NxT = default_positions(mask_NxT, cache)
   if rope_table is None:
     rope = rope_cos_sin(positions_NxT, rope_inv_freq(cfg))
+    if cache is None:  # The training forward: one table of this call's positions, read by
+      # every layer (forward and backward); unbarriered, XLA fuses cos and sin into each use.
+      rope = jax.lax.optimization_barrier(rope)
   else:
     # Clipped: left padding has position -1 (its keys are never attended to).
     rope = tuple(jnp.take(t, positions_NxT, axis=0, mode='clip') for t in rope_table)

@@ -1,0 +1,141 @@
+"""The transformer's layers as flax.nnx modules: RMSNorm, attention, the gated MLP, the block.
+
+Each takes the `transformer.ModelConfig` it is built for; `transformer.Transformer` stacks
+them and `transformer.apply` is the forward everyone calls. Attention without a cache is
+the training forward (attention.causal_attention, head-major inside); with one it writes
+the new keys and reads every segment (attention.cache_attention).
+"""
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+from rlreason.model import attention
+from rlreason.model import dart
+from rlreason.model import rope as rope_lib
+
+
+def param(rngs, shape, axes, dtype, init='normal'):
+  if init == 'normal':
+    value = 0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)
+  elif init == 'ones':
+    value = jnp.ones(shape, jnp.float32)
+  else:
+    value = jnp.zeros(shape, jnp.float32)
+  return nnx.Param(value.astype(dtype), axes=axes)
+
+
+class RMSNorm(nnx.Module):
+
+  def __init__(self, dim: int, eps: float, dtype, rngs: nnx.Rngs, axes=('norm',)):
+    self.scale = param(rngs, (dim,), axes, dtype, init='ones')
+    self.eps = eps
+
+  def __call__(self, x):
+    # Normalise in fp32 and cast back before the scale, as HF's Llama/Qwen RMSNorm does.
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return self.scale[...].astype(x.dtype) * y.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+
+  def __init__(self, cfg, rngs: nnx.Rngs):
+    d, h, k, dh, pdt = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.param_dtype
+    self.q = param(rngs, (d, h, dh), ('embed', 'heads', 'head_dim'), pdt)
+    self.k = param(rngs, (d, k, dh), ('embed', 'kv_heads', 'head_dim'), pdt)
+    self.v = param(rngs, (d, k, dh), ('embed', 'kv_heads', 'head_dim'), pdt)
+    self.o = param(rngs, (h, dh, d), ('heads', 'head_dim', 'embed'), pdt)
+    if cfg.qkv_bias:
+      self.q_bias = param(rngs, (h, dh), ('heads', 'head_dim'), pdt, init='zeros')
+      self.k_bias = param(rngs, (k, dh), ('kv_heads', 'head_dim'), pdt, init='zeros')
+      self.v_bias = param(rngs, (k, dh), ('kv_heads', 'head_dim'), pdt, init='zeros')
+    if cfg.qk_norm:
+      self.q_norm = RMSNorm(dh, cfg.rms_norm_eps, pdt, rngs, axes=('head_dim',))
+      self.k_norm = RMSNorm(dh, cfg.rms_norm_eps, pdt, rngs, axes=('head_dim',))
+    self.cfg = cfg
+
+  def __call__(self, x_NxTxD, rope, mask_NxT, layer_cache, lr=None, subtree_end_NxT=None):
+    """rope: the (cos, sin) tables of this call's positions (`rope_cos_sin`); lr: DART's
+    routed adapters of this layer (dart.layer), or None; subtree_end_NxT: a packed trie's
+    attention limits (attention.causal_attention), full forward only."""
+    cfg, cdt = self.cfg, self.cfg.compute_dtype
+    proj = lambda w, eq, name: (jnp.einsum(eq, x_NxTxD, w[...].astype(cdt))
+                                + dart.lowrank(lr, 'attn', name, x_NxTxD, 1, cdt))
+    q_NxTxHxDh = proj(self.q, 'ntd,dhk->nthk', 'q')
+    k_NxTxKxDh = proj(self.k, 'ntd,dhk->nthk', 'k')
+    v_NxTxKxDh = proj(self.v, 'ntd,dhk->nthk', 'v')
+    if cfg.qkv_bias:
+      q_NxTxHxDh += self.q_bias[...].astype(cdt)
+      k_NxTxKxDh += self.k_bias[...].astype(cdt)
+      v_NxTxKxDh += self.v_bias[...].astype(cdt)
+    if cfg.qk_norm:
+      q_NxTxHxDh, k_NxTxKxDh = self.q_norm(q_NxTxHxDh), self.k_norm(k_NxTxKxDh)
+    q_NxTxHxDh, k_NxTxKxDh = rope_lib.rotate(q_NxTxHxDh, rope), rope_lib.rotate(k_NxTxKxDh, rope)
+
+    n, t, k = x_NxTxD.shape[0], x_NxTxD.shape[1], cfg.num_kv_heads
+    q_NxTxKxRxDh = q_NxTxHxDh.reshape(n, t, k, cfg.num_heads // k, cfg.head_dim)
+    if layer_cache is None:  # Full forward: keys are this call's tokens, causal in order.
+      out_NxTxKxRxDh = attention.causal_attention(q_NxTxKxRxDh, k_NxTxKxDh, v_NxTxKxDh,
+                                                  mask_NxT, subtree_end_NxT=subtree_end_NxT)
+      out_NxTxHxDh = out_NxTxKxRxDh.reshape(n, t, cfg.num_heads, cfg.head_dim)
+      return (jnp.einsum('nthk,hkd->ntd', out_NxTxHxDh, self.o[...].astype(cdt))
+              + dart.lowrank(lr, 'attn', 'o', out_NxTxHxDh, 2, cdt)), None
+
+    # Write this call's keys at slots [end, end + T), attend to every valid slot <= own and
+    # to the frozen segments' valid slots.
+    cache_k, cache_v, cache_mask_NxS, end, frozen = layer_cache
+    keys_NxKxDhxS = jax.lax.dynamic_update_slice_in_dim(
+        cache_k, k_NxTxKxDh.transpose(0, 2, 3, 1).astype(cache_k.dtype), end, axis=3)
+    values_NxKxSxDh = jax.lax.dynamic_update_slice_in_dim(
+        cache_v, v_NxTxKxDh.swapaxes(1, 2).astype(cache_v.dtype), end, axis=2)
+    slot_S = jnp.arange(cache_mask_NxS.shape[1])
+    causal_TxS = slot_S[None, :] <= (end + jnp.arange(t))[:, None]
+    segments = [(fk, fv, fmask_AxS[:, None]) for fk, fv, fmask_AxS in frozen]
+    segments.append((keys_NxKxDhxS, values_NxKxSxDh, causal_TxS[None] & cache_mask_NxS[:, None]))
+    out_NxTxKxRxDh = attention.cache_attention(q_NxTxKxRxDh, segments, dtype=cdt)
+    out_NxTxHxDh = out_NxTxKxRxDh.reshape(n, t, cfg.num_heads, cfg.head_dim)
+    y_NxTxD = (jnp.einsum('nthk,hkd->ntd', out_NxTxHxDh, self.o[...].astype(cdt))
+               + dart.lowrank(lr, 'attn', 'o', out_NxTxHxDh, 2, cdt))
+    return y_NxTxD, (keys_NxKxDhxS, values_NxKxSxDh)
+
+
+class MLP(nnx.Module):
+
+  def __init__(self, cfg, rngs: nnx.Rngs):
+    d, f, pdt = cfg.hidden_size, cfg.intermediate_size, cfg.param_dtype
+    self.gate = param(rngs, (d, f), ('embed', 'mlp'), pdt)
+    self.up = param(rngs, (d, f), ('embed', 'mlp'), pdt)
+    self.down = param(rngs, (f, d), ('mlp', 'embed'), pdt)
+    self.cdt = cfg.compute_dtype
+
+  def __call__(self, x_NxTxD, lr=None):
+    """lr: DART's routed adapters of this layer (dart.layer), or None."""
+    low = lambda name, x: dart.lowrank(lr, 'mlp', name, x, 1, self.cdt)
+    if x_NxTxD.shape[1] == 1:  # Decoding: stacking would copy both weights every step.
+      gate_NxTxF = x_NxTxD @ self.gate[...].astype(self.cdt) + low('gate', x_NxTxD)
+      up_NxTxF = x_NxTxD @ self.up[...].astype(self.cdt) + low('up', x_NxTxD)
+      hidden_NxTxF = jax.nn.silu(gate_NxTxF) * up_NxTxF
+      return hidden_NxTxF @ self.down[...].astype(self.cdt) + low('down', hidden_NxTxF)
+    # Training and prefill: one matmul for both input projections, stacked on a new axis so
+    # each keeps its own 'mlp' sharding; the backward then sums one product for dx, not two.
+    w_Dx2xF = jnp.stack([self.gate[...], self.up[...]], axis=1).astype(self.cdt)
+    gate_up_NxTx2xF = jnp.einsum('ntd,dcf->ntcf', x_NxTxD, w_Dx2xF)
+    hidden_NxTxF = (jax.nn.silu(gate_up_NxTx2xF[..., 0, :] + low('gate', x_NxTxD))
+                    * (gate_up_NxTx2xF[..., 1, :] + low('up', x_NxTxD)))
+    return hidden_NxTxF @ self.down[...].astype(self.cdt) + low('down', hidden_NxTxF)
+
+
+class Block(nnx.Module):
+
+  def __init__(self, cfg, rngs: nnx.Rngs):
+    self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype, rngs)
+    self.attn = Attention(cfg, rngs)
+    self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype, rngs)
+    self.mlp = MLP(cfg, rngs)
+
+  def __call__(self, x_NxTxD, rope, mask_NxT, layer_cache, lr=None, subtree_end_NxT=None):
+    y_NxTxD, new_kv = self.attn(self.attn_norm(x_NxTxD), rope, mask_NxT, layer_cache, lr,
+                                subtree_end_NxT)
+    x_NxTxD = x_NxTxD + y_NxTxD
+    return x_NxTxD + self.mlp(self.mlp_norm(x_NxTxD), lr), new_kv

@@ -55,10 +55,20 @@ tied embedding (the transposed copy the log-prob chunks read, token_stats' dW ac
 gather's scatter gradient: 3 x 519 MiB). rl/memory.step_estimate(remat_hoisted=True) models
 this: update temp 8022 MiB against 7443 (1.08) and 11141 against 11618 (0.96).
 
-Then (Run.restore_or_init(release_init_params=True), the scheduler flag, micro_batches=4):
-init peak RSS 6229 MiB (was 8082). Two full runs were stopped by the MemAvailable guard in
-sample + verify at 6.5-6.6 GB RSS, while other processes on the machine held 15-17 GB; the
-step needs about baseline 0.4 + state 5.5 + XLA temp 7.3 = ~13.3 GiB, the estimate's total.
+Then (Run.restore_or_init(release_init_params=True), the scheduler flag, micro_batches=4),
+2026-12-02, load average 6-9, others holding 8-17 GB of the 24: one complete step, final line
+real_shapes_rss_over_estimate=1.073. Peak RSS by phase, MiB (estimate = baseline + state +
+phase, ratio): load 2468, init 6242 (was 8082), sample + verify 6891 (6273, 1.10), old
+log-probs 7459 (6640, 1.12; XLA temp 576 MiB, was 1761 under the default scheduler), update
+15110 (14088, 1.07; XLA temp 7443 against the estimate's 8022). Seconds (tokens/s): checkpoint
+(child) 22.7, load 11.1, init 3.7, compile 80.5 (sampler 39.0, old log-probs 9.0, train step
+32.4), sample 97.4 (21.0 tokens/s, 2048 tokens), verify 0.0, old log-probs 98.2 (62.5
+positions/s of 16 x 384), update 221.0 (27.8); rl_step 504 s; the process 421 s user + 20 s
+system CPU, 9:13 wall. Random weights: reward 0 for all 16 rows, so the advantages, loss and
+gradient are all 0 (the update computes them all the same). Four earlier runs of this
+version were stopped by the MemAvailable guard (twice in sample + verify at 6.4-6.6 GB, twice
+in the update at 14941 and 10717 MiB) while other processes held 8-17 GB. The peak is within
+0.25 GB of the default --rss_limit_gb of 15 then, now 16.
 """
 
 import argparse
@@ -233,7 +243,7 @@ def main(argv=None):
   parser.add_argument('--micro_batches', type=int, default=4)
   parser.add_argument('--xla_flags', default=MEMORY_SCHEDULE,
                       help='appended to XLA_FLAGS before the backend starts')
-  parser.add_argument('--rss_limit_gb', type=float, default=15.0,
+  parser.add_argument('--rss_limit_gb', type=float, default=16.0,
                       help='exit (status 3) when RSS passes this, before the OOM killer does')
   args = parser.parse_args(argv)
   if args.smoke:

@@ -26,9 +26,10 @@ all 24 layers under the default concurrency-optimised scheduler, 12 of 24 under
 With remat_hoisted the layers are counted as keeping what they keep without remat, plus the
 tied output matrix's transposed VxD copy: 11141 MiB estimated against XLA's 11618 MiB temp
 with micro_batches=2 (0.96) and 8022 against 7443 MiB with micro_batches=4 (1.08), both under
-the memory-minimising scheduler (experiments/bench/real_shapes.py). Old log-probs: XLA's temp
-is 1761 MiB against ~0.6 GB here (not the largest phase). The tiny shapes of the test agree
-within 0.9-1.3x without it.
+the memory-minimising scheduler (experiments/bench/real_shapes.py; its complete step peaked
+at 15110 MiB RSS against a total of 14088 here: 1.07). Old log-probs: XLA's temp is 576 MiB
+under that scheduler (1761 under the default) against 574 here. The tiny shapes of the test
+agree within 0.9-1.3x without it.
 
 Deliberately not here: XLA's compile-time memory, the allocator's fragmentation and the
 Python heap (tokenizer, data): measure those, and pass the process's own footprint as

@@ -278,3 +278,11 @@ def test_ok_calls_count_calls_that_ran_without_error():
   np.testing.assert_array_equal(episodes_lib.ok_calls_N(ep), [0, 0, 1, 2])
   m = episodes_lib.metrics(ep)
   assert m['episodes/ok_call_frac'] == 0.5 and m['episodes/tool_call_frac'] == 0.75
+
+
+def test_budget_errors_name_the_budget():
+  episodes_lib.check_budgets(1, 1, 1, 0)  # One turn needs no observation budget.
+  with pytest.raises(ValueError, match='max_turns=0'):
+    episodes_lib.check_budgets(0, 8, 8, 8)
+  with pytest.raises(ValueError, match='max_observation_tokens=0 must be >= 1 when max_turns=2'):
+    episodes_lib.check_budgets(2, 8, 8, 0)

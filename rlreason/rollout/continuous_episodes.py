@@ -88,12 +88,7 @@ def run_episodes(params, env, renderer, tok, examples: Sequence[Any], *, cfg, gr
     return_stats: also return the scheduler's Stats.
   Returns episodes.Episodes (rows b*G + g), or (Episodes, Stats) with return_stats.
   """
-  if max_turns < 1 or max_turn_tokens < 1 or max_total_tokens < 1:
-    raise ValueError(f'max_turns={max_turns}, max_turn_tokens={max_turn_tokens} and '
-                     f'max_total_tokens={max_total_tokens} must be >= 1.')
-  if max_turns > 1 and max_observation_tokens < 1:
-    raise ValueError(f'max_observation_tokens={max_observation_tokens} must be >= 1 when '
-                     f'max_turns={max_turns} > 1.')
+  episodes_lib.check_budgets(max_turns, max_turn_tokens, max_total_tokens, max_observation_tokens)
   if dart.has(params):
     raise ValueError("continuous episodes do not carry DART's routing state: params with "
                      "routed adapters need the static loop (rl.sampler='static').")

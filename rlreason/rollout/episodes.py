@@ -130,6 +130,17 @@ def cache_slots(max_turns: int, max_turn_tokens: int, max_observation_tokens: in
   return max_turns * max_turn_tokens + (max_turns - 1) * max_observation_tokens
 
 
+def check_budgets(max_turns: int, max_turn_tokens: int, max_total_tokens: int,
+                  max_observation_tokens: int) -> None:
+  """The episode budgets an episode loop needs (static or continuous_episodes.py)."""
+  if max_turns < 1 or max_turn_tokens < 1 or max_total_tokens < 1:
+    raise ValueError(f'max_turns={max_turns}, max_turn_tokens={max_turn_tokens} and '
+                     f'max_total_tokens={max_total_tokens} must be >= 1.')
+  if max_turns > 1 and max_observation_tokens < 1:
+    raise ValueError(f'max_observation_tokens={max_observation_tokens} must be >= 1 when '
+                     f'max_turns={max_turns} > 1.')
+
+
 def run_episodes(params, env, renderer, tok, examples: Sequence[Any], *, cfg, group_size: int,
                  max_turns: int, max_turn_tokens: int, max_observation_tokens: int,
                  max_total_tokens: int, rng: jax.Array, prompt_buckets: Sequence[int],
@@ -145,12 +156,7 @@ def run_episodes(params, env, renderer, tok, examples: Sequence[Any], *, cfg, gr
   if row_rng and rollback is not None:
     raise ValueError('run_episodes: row_rng=True does not support rollback (its retries draw '
                      'from their own keys).')
-  if max_turns < 1 or max_turn_tokens < 1 or max_total_tokens < 1:
-    raise ValueError(f'max_turns={max_turns}, max_turn_tokens={max_turn_tokens} and '
-                     f'max_total_tokens={max_total_tokens} must be >= 1.')
-  if max_turns > 1 and max_observation_tokens < 1:
-    raise ValueError(f'max_observation_tokens={max_observation_tokens} must be >= 1 when '
-                     f'max_turns={max_turns} > 1.')
+  check_budgets(max_turns, max_turn_tokens, max_total_tokens, max_observation_tokens)
   if stop_seqs is None:  # The call's closing text, from the environment's tool-call format.
     stop_seqs = stop_sequences(tok, env.format)
   stop_seqs = tuple(tuple(int(t) for t in seq) for seq in stop_seqs)

@@ -150,7 +150,7 @@ def test_runlocal_two_steps_cross_the_stage_boundary(tmp_path, monkeypatch):
     return rewards_BxG, m
 
   monkeypatch.setattr(dccot, 'stage_rewards', spy)
-  c.eval.every = 0  # The loop's (unforked) evaluation: train_test's every-experiment test.
+  c.eval.every = 0  # The loop's (forked) evaluation is threaded_eval_test's and train_test's.
   train.train(c, str(tmp_path))
   assert [(s, m['dccot/stage']) for s, m, *_ in seen] == [(1, 1.0), (2, 2.0)]
   (_, m1, v1, r1, _), (_, m2, v2, r2, out2) = seen

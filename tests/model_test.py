@@ -133,7 +133,7 @@ def test_remat_leaves_gradients_unchanged(params):
         logits, tokens[..., None], -1)[..., 0])
 
   plain = jax.jit(jax.grad(loss), static_argnums=1)(params, CFG)
-  for remat in ('full', 'dots'):
+  for remat in ('full', 'full_checkpoint', 'dots'):
     rematted = jax.jit(jax.grad(loss), static_argnums=1)(params, CFG.replace(remat=remat))
     chex.assert_trees_all_close(rematted, plain, atol=1e-6, rtol=1e-6)
 

@@ -139,3 +139,51 @@ class Block(nnx.Module):
                                 subtree_end_NxT)
     x_NxTxD = x_NxTxD + y_NxTxD
     return x_NxTxD + self.mlp(self.mlp_norm(x_NxTxD), lr), new_kv
+
+
+def _float_leaves(tree):
+  return [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
+
+
+def _after(tree, dependency):
+  """`tree` unchanged in value, but computed from a zero that XLA cannot fold: 0 times the sum
+  of `dependency`'s float leaves (fp `x * 0` is not simplified: NaN and inf). Its float
+  leaves then depend on every one of `dependency`'s, which no scheduler can reorder; an
+  optimization barrier can't do this on XLA:CPU (its barrier expander drops them before
+  scheduling)."""
+  zero = sum(jnp.sum(x, dtype=jnp.float32) for x in _float_leaves(dependency)) * 0.0
+  return jax.tree.map(lambda x: x + zero.astype(x.dtype)
+                      if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def remat_after_cotangent(block: Block, *args):
+  """`block(*args)` whose backward recomputes the block only once its output's cotangent exists.
+
+  [F] Full remat as a custom VJP: the forward keeps the block's inputs (its params and
+  activations in) and nothing else; the backward reruns the block under `jax.vjp` from inputs
+  made to depend on the incoming cotangent, and makes the input cotangent it hands down
+  depend on the params' cotangents. So the recomputation can't run during the forward pass,
+  and the layer below can't start before this layer's weight gradients are done (which frees
+  the recomputed activations). `jax.checkpoint` (remat='full_checkpoint') ties the
+  recomputation to nothing: XLA:CPU keeps each layer's recomputed activations alive until
+  late in the backward (rl/memory.py). Gradients equal plain autodiff's up to adding zeros:
+  the same function is differentiated, once, at the same inputs. Not forward-differentiable
+  (custom_vjp).
+  """
+  graphdef, state = nnx.split(block)
+  run = lambda state, args: nnx.merge(graphdef, state)(*args)
+
+  @jax.custom_vjp
+  def call(state, args):
+    return run(state, args)
+
+  def fwd(state, args):
+    return run(state, args), (state, args)
+
+  def bwd(saved, cotangent):
+    state, args = saved
+    d_state, d_args = jax.vjp(run, state, _after(args, cotangent))[1](cotangent)
+    return d_state, _after(d_args, d_state)
+
+  call.defvjp(fwd, bwd)
+  return call(state, args)

@@ -64,7 +64,10 @@ class ModelConfig:
   family: str = 'qwen2'  # 'llama' | 'qwen2' | 'qwen3': the HF class export writes.
   param_dtype: str = 'float32'
   compute_dtype: str = 'float32'
-  remat: str = 'none'  # 'none' | 'full' | 'dots' (save matmul outputs only).
+  # 'none' | 'full' (recompute each block in the backward, after its cotangent:
+  # layers.remat_after_cotangent) | 'full_checkpoint' (jax.checkpoint saving nothing) |
+  # 'dots' (jax.checkpoint saving matmul outputs only).
+  remat: str = 'none'
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -74,8 +77,9 @@ class ModelConfig:
       raise ValueError(f'ModelConfig.head_dim={self.head_dim} must be even for RoPE.')
     if self.family not in ('llama', 'qwen2', 'qwen3'):
       raise ValueError(f"ModelConfig.family={self.family!r}; known: 'llama', 'qwen2', 'qwen3'.")
-    if self.remat not in ('none', 'full', 'dots'):
-      raise ValueError(f"ModelConfig.remat={self.remat!r}; known: 'none', 'full', 'dots'.")
+    if self.remat not in ('none', 'full', 'full_checkpoint', 'dots'):
+      raise ValueError(f"ModelConfig.remat={self.remat!r}; known: 'none', 'full', "
+                       "'full_checkpoint', 'dots'.")
     for name in ('param_dtype', 'compute_dtype'):
       if getattr(self, name) not in ('float32', 'bfloat16'):
         raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; known: 'float32', 'bfloat16'.")
@@ -107,7 +111,9 @@ class Transformer(nnx.Module):
     cfg = self.cfg
     x_NxTxD = jnp.take(self.embed[...], tokens_NxT, axis=0).astype(cfg.compute_dtype)
     block_call = lambda block, *args: block(*args)
-    if cfg.remat != 'none':
+    if cfg.remat == 'full':
+      block_call = layers.remat_after_cotangent
+    elif cfg.remat != 'none':
       policy = (jax.checkpoint_policies.dots_with_no_batch_dims_saveable if cfg.remat == 'dots'
                 else jax.checkpoint_policies.nothing_saveable)
       block_call = nnx.remat(block_call, policy=policy)

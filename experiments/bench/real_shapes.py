@@ -53,7 +53,14 @@ option left the temp at 3806 (4 layers): only XLA_FLAGS reaches the scheduler. T
 the state-sized gradient and its running sum (2 x 1885 MiB) and three VxD fp32 buffers of the
 tied embedding (the transposed copy the log-prob chunks read, token_stats' dW accumulator, the
 gather's scatter gradient: 3 x 519 MiB). rl/memory.step_estimate(remat_hoisted=True) models
-this: update temp 8022 MiB against 7443 (1.08) and 11141 against 11618 (0.96).
+this: update temp 8022 MiB against 7443 (1.08) and 11141 against 11618 (0.96). Optimization
+barriers cannot fix it (XLA:CPU's cse_barrier_expander removes them before scheduling), so
+remat='full' is now layers.remat_after_cotangent, a custom VJP whose recomputation reads the
+cotangent and whose input cotangent reads the weight gradients through arithmetic zeros;
+that jax.checkpoint is remat='full_checkpoint'. Compiled temp at these widths, 16 x 384,
+micro_batches=4, 4 layers (default / memory-minimising scheduler, MiB): 'none' 3074 / 2817,
+'full_checkpoint' 2963 / 2172, 'full' 2193 / 2038 (rl/memory.py). The complete step below
+ran before this change, with remat='full_checkpoint''s behaviour.
 
 Then (Run.restore_or_init(release_init_params=True), the scheduler flag, micro_batches=4),
 2026-12-02, load average 6-9, others holding 8-17 GB of the 24: one complete step, final line

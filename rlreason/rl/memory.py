@@ -18,18 +18,24 @@ may or may not materialise a buffer (a transposed tied embedding, the zero-initi
 gradient sum), the part says which way it was counted. tests/memory_estimate_test.py checks
 the arithmetic by hand and the update's parts against XLA's compiled memory analysis.
 
-Remat on XLA:CPU (remat_hoisted): at Qwen2.5-0.5B's shapes the compiled train step runs
-remat's recomputations in the forward pass, beside the layers they recompute (nothing ties a
-recomputation to the cotangent that needs it), and keeps their outputs until the backward:
-all 24 layers under the default concurrency-optimised scheduler, 12 of 24 under
+Remat on XLA:CPU (remat_hoisted): at Qwen2.5-0.5B's shapes the compiled train step keeps
+jax.checkpoint's recomputed activations (remat='full_checkpoint', 'dots') alive until late
+in the backward, nothing tying their computation or their use to the cotangent: all 24
+layers' under the default concurrency-optimised scheduler, 12 of 24 under
 `--xla_cpu_enable_concurrency_optimized_scheduler=false` (HLO dumps, micro-batches of 8 rows).
-With remat_hoisted the layers are counted as keeping what they keep without remat, plus the
+With remat_hoisted those layers are counted as keeping what they keep without remat, plus the
 tied output matrix's transposed VxD copy: 11141 MiB estimated against XLA's 11618 MiB temp
 with micro_batches=2 (0.96) and 8022 against 7443 MiB with micro_batches=4 (1.08), both under
 the memory-minimising scheduler (experiments/bench/real_shapes.py; its complete step peaked
-at 15110 MiB RSS against a total of 14088 here: 1.07). Old log-probs: XLA's temp is 576 MiB
-under that scheduler (1761 under the default) against 574 here. The tiny shapes of the test
-agree within 0.9-1.3x without it.
+at 15110 MiB RSS against a total of 14088 here: 1.07). remat='full' (layers.
+remat_after_cotangent) makes each recomputation depend on the cotangent and the layer below
+on the weight gradients, so it is not hoisted: its layers keep their inputs only, and
+remat_hoisted adds just the VxD copy. Measured at 0.5B widths (16 rows x 384, micro_batches=4,
+XLA temp MiB, default / memory-minimising scheduler): 4 layers 'none' 3074 / 2817,
+'full_checkpoint' 2963 / 2172, 'full' 2193 / 2038; 2 layers 2350 / 2230, 2296 / 1981,
+1922 / 1830 (estimate for 'full', 4 layers: 2402 without the copy, 2921 with it). Old
+log-probs: XLA's temp is 576 MiB under that scheduler (1761 under the default) against 574
+here. The tiny shapes of the test agree within 0.9-1.3x without it.
 
 Deliberately not here: XLA's compile-time memory, the allocator's fragmentation and the
 Python heap (tokenizer, data): measure those, and pass the process's own footprint as
@@ -45,6 +51,9 @@ from rlreason.rollout import sampler
 
 # completion_stats' defaults (update.py): positions and vocabulary columns per logit chunk.
 TOKEN_CHUNK, VOCAB_CHUNK = 512, 8192
+# The remats that jax.checkpoint implements (transformer.Transformer.hidden), whose
+# recomputations XLA:CPU keeps alive (remat_hoisted).
+CHECKPOINT_REMATS = ('full_checkpoint', 'dots')
 
 
 def _bytes(dtype: str) -> int:
@@ -68,7 +77,8 @@ def layer_residuals(cfg: transformer.ModelConfig) -> int:
 def saved_per_layer(cfg: transformer.ModelConfig) -> int:
   """Bytes per token a layer keeps for the backward under cfg.remat.
 
-  'none': layer_residuals. 'full' (nothing_saveable): the block's input only. 'dots'
+  'none': layer_residuals. 'full' and 'full_checkpoint' (nothing_saveable): the block's
+  input only (its params are the state's). 'dots'
   (dots_with_no_batch_dims_saveable): the input and the outputs of the weight matmuls (q, k,
   v, o, gate_up, down); attention's einsums have a batch axis and are recomputed.
   """
@@ -77,7 +87,7 @@ def saved_per_layer(cfg: transformer.ModelConfig) -> int:
                     cfg.head_dim)
   if cfg.remat == 'none':
     return layer_residuals(cfg)
-  if cfg.remat == 'full':
+  if cfg.remat in ('full', 'full_checkpoint'):
     return c * d
   return c * (3 * d + h * dh + 2 * k * dh + 2 * f)
 
@@ -109,9 +119,10 @@ def step_estimate(config, cfg: transformer.ModelConfig, *, prompt_len: int | Non
     baseline_bytes: the process's own footprint before any array exists (measured).
     keeps_init_params: `Run.init_params` stays alive beside the TrainState (restore_or_init
       without release_init_params; train.train releases them: the state takes their buffers).
-    remat_hoisted: the compiler runs remat's recomputations in the forward pass and keeps
-      their outputs, so every layer holds what it holds without remat (XLA:CPU at Qwen2.5-0.5B's
-      shapes, see the module docstring); the tied output matrix's transposed copy is counted.
+    remat_hoisted: XLA:CPU at Qwen2.5-0.5B's shapes (see the module docstring): the tied
+      output matrix's transposed copy is counted, and under a jax.checkpoint remat
+      ('full_checkpoint', 'dots') every layer holds what it holds without remat (the
+      compiler keeps their recomputed activations); remat='full' is not hoisted.
   """
   rl = config.rl
   if config.lora.enabled or config.critic.enabled or config.env.enabled:
@@ -156,7 +167,8 @@ def step_estimate(config, cfg: transformer.ModelConfig, *, prompt_len: int | Non
   # Tied: the embedding's two gradients (the input gather's scatter and token_stats' fp32
   # dW of the output matrix) exist side by side before they are summed.
   est['update/tied_embed_grad'] = v * d * 4 if cfg.tie_embeddings else 0
-  saved = layer_residuals(cfg) if remat_hoisted else saved_per_layer(cfg)
+  hoisted = remat_hoisted and cfg.remat in CHECKPOINT_REMATS
+  saved = layer_residuals(cfg) if hoisted else saved_per_layer(cfg)
   est['update/saved_activations'] = cfg.num_layers * m * t * saved
   # The layer being differentiated: its residuals (recomputed under remat) and their
   # cotangents, about as large again.

@@ -59,8 +59,11 @@ remat='full' is now layers.remat_after_cotangent, a custom VJP whose recomputati
 cotangent and whose input cotangent reads the weight gradients through arithmetic zeros;
 that jax.checkpoint is remat='full_checkpoint'. Compiled temp at these widths, 16 x 384,
 micro_batches=4, 4 layers (default / memory-minimising scheduler, MiB): 'none' 3074 / 2817,
-'full_checkpoint' 2963 / 2172, 'full' 2193 / 2038 (rl/memory.py). The complete step below
-ran before this change, with remat='full_checkpoint''s behaviour.
+'full_checkpoint' 2963 / 2172, 'full' 2193 / 2038; 24 layers, 'full' 4906 / 5310 (was
+9678 / 7443; micro_batches=2: 6067 was 11618, memory-minimising) (rl/memory.py). With it the
+default scheduler gives the train step the smaller temp; the flag still shrinks old
+log-probs. The complete step below ran before this change, with remat='full_checkpoint''s
+behaviour (not rerun).
 
 Then (Run.restore_or_init(release_init_params=True), the scheduler flag, micro_batches=4),
 2026-12-02, load average 6-9, others holding 8-17 GB of the 24: one complete step, final line

@@ -33,7 +33,9 @@ on the weight gradients, so it is not hoisted: its layers keep their inputs only
 remat_hoisted adds just the VxD copy. Measured at 0.5B widths (16 rows x 384, micro_batches=4,
 XLA temp MiB, default / memory-minimising scheduler): 4 layers 'none' 3074 / 2817,
 'full_checkpoint' 2963 / 2172, 'full' 2193 / 2038; 2 layers 2350 / 2230, 2296 / 1981,
-1922 / 1830 (estimate for 'full', 4 layers: 2402 without the copy, 2921 with it). Old
+1922 / 1830 (estimate for 'full', 4 layers: 2402 without the copy, 2921 with it); all 24
+layers, 'full': 4906 / 5310 (jax.checkpoint's: 9678 / 7443), estimate with the copy 5302
+(1.08 / 1.00); micro_batches=2, memory-minimising: 6067 (was 11618), estimate 5700 (0.94). Old
 log-probs: XLA's temp is 576 MiB under that scheduler (1761 under the default) against 574
 here. The tiny shapes of the test agree within 0.9-1.3x without it.
 

@@ -224,7 +224,9 @@ def summary(results) -> str:
 
 
 def main():
-  studies.run_study(__name__, notebook=NOTEBOOK, before=('make_config', 'evaluate', 'trie_check'))
+  studies.run_study(__name__, notebook=NOTEBOOK, before=(
+      f'SLIP_RATE = {SLIP_RATE}  # the share of sequential sources given a one-digit slip',
+      'make_config', 'evaluate', 'trie_check'))
 
 
 if __name__ == '__main__':

@@ -69,8 +69,9 @@ def _env(devices: int) -> dict[str, str]:
   env.update(JAX_PLATFORMS='cpu',
              XLA_FLAGS=' '.join([f'--xla_force_host_platform_device_count={devices}', *level]),
              JAX_COMPILATION_CACHE_DIR=str(jax.config.jax_compilation_cache_dir),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=str(
-                 jax.config.jax_persistent_cache_min_compile_time_secs), PYTHONUNBUFFERED='1')
+             # Not the suite's 0: with every program cached, the two-process run hung after
+             # its first evaluation in a CI simulation (10 min; 44 s at 0.5).
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0.5', PYTHONUNBUFFERED='1')
   return env
 
 

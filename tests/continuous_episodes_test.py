@@ -10,6 +10,7 @@ import pytest
 
 from rlreason import config as config_lib
 from rlreason.envs import base
+from rlreason.envs import environment
 from rlreason.envs import render
 from rlreason.envs import tasks as env_tasks
 from rlreason.model import tokenizer
@@ -28,22 +29,13 @@ G = 2
 TURNS = (3, 1, 2, 1)
 
 
-@dataclasses.dataclass
-class _State:
-  example: object
-  turns: int = 0
-  tool_calls: int = 0
-  reward: float = 0.0
-  errors: dict = dataclasses.field(default_factory=dict)
-
-
 class CountingEnv:
   """A deterministic fake tool: after turn t it answers with the length of what the model wrote
   and t; the episode is done after TURNS[i % 4] turns (i: the example's meta['index']). Reward:
   0.1 per character written."""
 
   def reset(self, example):
-    return _State(example)
+    return environment.EpisodeState(example)
 
   def step(self, state, text):
     t = state.turns

@@ -40,6 +40,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from rlreason.envs import base  # noqa: E402
+from rlreason.envs import environment  # noqa: E402
 from rlreason.envs import render  # noqa: E402
 from rlreason.envs import tasks as env_tasks  # noqa: E402
 from rlreason.model import tokenizer  # noqa: E402
@@ -48,20 +49,11 @@ from rlreason.rollout import continuous_episodes  # noqa: E402
 from rlreason.rollout import episodes as episodes_lib  # noqa: E402
 
 
-@dataclasses.dataclass
-class _State:
-  example: object
-  turns: int = 0
-  tool_calls: int = 0
-  reward: float = 0.0
-  errors: dict = dataclasses.field(default_factory=dict)
-
-
 class TurnsEnv:
   """Ends example i's episode after meta['turns'] turns; answers the turn number otherwise."""
 
   def reset(self, example):
-    return _State(example)
+    return environment.EpisodeState(example)
 
   def step(self, state, text):
     del text

@@ -89,8 +89,7 @@ def build(tokens_NxT, mask_NxT, *, rows: int, width: int) -> Packing:
       if count + len(seq) - shared > j_max:
         raise ValueError(f'trie.build: episode {e} has more than width={j_max} trie nodes; '
                          'raise the packed width (threads budgets: rl/threads.trie_width).')
-      for i in range(shared, len(seq)):
-        source[e, nodes[i]] = r * t + cols[r][i]
+      source[e, nodes[shared:]] = r * t + cols[r][shared:]
       count += len(seq) - shared
       index[e * rows + r, cols[r]] = nodes
       if nodes:

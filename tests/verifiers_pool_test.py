@@ -57,6 +57,16 @@ def settle(pool, timeout_s=15.0) -> set[int]:
     time.sleep(0.1)
 
 
+def full_crew(pool, timeout_s=60.0) -> set[int]:
+  """The pool's worker pids once every worker and spare is up (replacements start in the
+  background, so right after a test that lost a worker the pool can be one short)."""
+  deadline = time.monotonic() + timeout_s
+  while len(pids := pool.worker_pids()) < pool.num_workers + pool.spare_workers:
+    assert time.monotonic() < deadline, f'only {len(pids)} workers up after {timeout_s} s'
+    time.sleep(0.05)
+  return set(pids)
+
+
 @pytest.fixture(scope='module')
 def pool():
   with pool_lib.VerifierPool(num_workers=2, spare_workers=1, item_timeout_s=1.5,
@@ -130,7 +140,7 @@ def test_a_worker_left_with_stale_prefetches_is_not_killed():
   # finish it in peace, not be killed and counted as a deadline kill (it met no deadline).
   with pool_lib.VerifierPool(num_workers=2, spare_workers=1, item_timeout_s=30,
                              warmup=False) as p:
-    pids = set(p.worker_pids())
+    pids = full_crew(p)
     items = [{'seconds': s} for s in (2.0, 0.01, 0.6, 0.01)]
     verdicts = p.score(items, verifier=F + 'sleep', deadline_s=30)
     assert [v.status for v in verdicts] == [V.CORRECT] * 4
@@ -160,7 +170,7 @@ def test_dying_worker_loses_only_its_item(pool, fault):
 
 
 def test_raising_verifier_is_a_crash_without_killing_the_worker(pool):
-  pids = set(pool.worker_pids())
+  pids = full_crew(pool)
   verdicts = pool.score([{}, {}], verifier=[F + 'raise_error', F + 'not_a_verdict'],
                         deadline_s=10)
   assert [v.status for v in verdicts] == [V.CRASH, V.CRASH]

@@ -26,6 +26,7 @@ from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from rlreason import config as config_lib
+from rlreason import host_malloc
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints and logs go.')
@@ -124,4 +125,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  host_malloc.reexec()  # Once, with GLIBC_TUNABLES set: glibc reads it only at start-up.
   app.run(main)

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rlreason.model import layers
 from rlreason.model import rope
 from rlreason.model import transformer
 
@@ -85,3 +86,19 @@ def test_rope_table_hand_computed():
   got = rope.rotate(x, (cos[None, 2:3], sin[None, 2:3]))[0, 0, 0]
   c0, c1, s0, s1 = np.cos(2.0), np.cos(0.2), np.sin(2.0), np.sin(0.2)
   np.testing.assert_allclose(got, [c0, -s1, s0, c1], atol=1e-6)
+
+
+@pytest.mark.parametrize('contract,dtype', [(1, jnp.float32), (2, jnp.float32),
+                                            (1, jnp.bfloat16)])
+def test_project_equals_tensordot_and_its_gradients(contract, dtype):
+  kx, kw, kg = jax.random.split(jax.random.key(5), 3)
+  x_shape, w_shape = ((3, 5, 6), (6, 2, 7)) if contract == 1 else ((3, 5, 4, 6), (4, 6, 7))
+  x, w = jax.random.normal(kx, x_shape, dtype), jax.random.normal(kw, w_shape, dtype)
+  g = jax.random.normal(kg, x.shape[:2] + w.shape[contract:], dtype)
+  ours, ours_vjp = jax.vjp(lambda a, b: layers.project(a, b, contract), x, w)
+  ref, ref_vjp = jax.vjp(lambda a, b: jnp.tensordot(a, b, contract), x, w)
+  tol = 1e-5 if dtype == jnp.float32 else 2e-2
+  np.testing.assert_allclose(np.float32(ours), np.float32(ref), rtol=tol, atol=tol)
+  for a, b in zip(ours_vjp(g), ref_vjp(g)):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    np.testing.assert_allclose(np.float32(a), np.float32(b), rtol=tol, atol=tol * 10)

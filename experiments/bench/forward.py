@@ -54,6 +54,7 @@ import jax  # noqa: E402  (no backend exists until the first computation)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from rlreason import host_malloc  # noqa: E402
 from rlreason.model import transformer  # noqa: E402
 from rlreason.objectives import advantages  # noqa: E402
 from rlreason.objectives import aggregation  # noqa: E402
@@ -449,7 +450,8 @@ def main(argv=None):
   import torch  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(args.threads)
   print(f'jax {jax.__version__} ({jax.devices()[0].platform}), torch {torch.__version__}, '
-        f'threads {args.threads}, XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r}', flush=True)
+        f'threads {args.threads}, XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r}'
+        f', GLIBC_TUNABLES={os.environ.get("GLIBC_TUNABLES", "")!r}', flush=True)
   peaks = matmul_peaks()
   results = []
   dtypes = ('float32', 'bfloat16') if args.dtype == 'both' else (args.dtype,)
@@ -468,4 +470,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
+  host_malloc.reexec()  # Once, with GLIBC_TUNABLES set: glibc reads it only at start-up.
   main()

@@ -98,6 +98,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from experiments import grpo_gsm8k  # noqa: E402
+from rlreason import host_malloc  # noqa: E402
 from rlreason.model import tokenizer as tokenizer_lib  # noqa: E402
 from rlreason.rl import memory  # noqa: E402
 from rlreason.rl import train  # noqa: E402
@@ -348,7 +349,9 @@ def main(argv=None):
         f'reward mean {float(metrics["train/reward"]):.3f}, loss {float(metrics["loss"]):.4g}, '
         f'grad_norm {float(metrics["grad_norm"]):.4g}; Run.init_params '
         f'{"released (donated to the TrainState)" if released else "kept"}; '
-        f'XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r}; {jax.device_count()} device(s), '
+        f'XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r}'
+        f', GLIBC_TUNABLES={os.environ.get("GLIBC_TUNABLES", "")!r}; '
+        f'{jax.device_count()} device(s), '
         f'{os.cpu_count()} cores, '
         f'load average {" ".join(f"{x:.1f}" for x in os.getloadavg())}')
   print(f'\n{"phase":<20} {"seconds":>8} {"tokens":>7} {"tokens/s":>9} {"peak RSS MiB":>13}')
@@ -398,4 +401,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
+  host_malloc.reexec()  # Once, with GLIBC_TUNABLES set: glibc reads it only at start-up.
   main()

@@ -65,6 +65,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from rlreason import host_malloc  # noqa: E402
 from rlreason.model import sharding  # noqa: E402
 from rlreason.model import transformer  # noqa: E402
 from rlreason.model import weights  # noqa: E402
@@ -333,7 +334,8 @@ def print_report(decode, prefill, rates, bandwidth, bf16_rates, args):
   print(f'\nload average {load} on {os.cpu_count()} cores; threads {args.threads} (torch '
         f'threads, and the cores {sorted(os.sched_getaffinity(0))} XLA may use), '
         f'OMP_WAIT_POLICY={os.environ.get("OMP_WAIT_POLICY")}; '
-        f'XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r}')
+        f'XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r}'
+        f', GLIBC_TUNABLES={os.environ.get("GLIBC_TUNABLES", "")!r}')
   print('f32 matmul GFLOP/s: ' + ', '.join(f'{k} {v:.0f}' for k, v in rates.items()))
   print('decode-step matmul GFLOP/s (not in the floors): '
         + ', '.join(f'{k} {v:.0f}' for k, v in bf16_rates.items()))
@@ -429,4 +431,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
+  host_malloc.reexec()  # Once, with GLIBC_TUNABLES set: glibc reads it only at start-up.
   main()

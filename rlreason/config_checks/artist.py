@@ -48,5 +48,5 @@ def check_artist(c, check) -> None:
           "objective.advantage='grpo' with advantage_kwargs at most std_ddof and eps and no "
           f'objective.transforms; got {o.advantage!r}, {dict(o.advantage_kwargs)}, '
           f'{tuple(o.transforms)}.')
-  from rlreason.config_checks import agents
-  agents.check_rows_per_prompt(c, check, what="env.kind='artist'", rows='G episodes x 2 roles')
+  from rlreason.config_checks import rows
+  rows.check_rows_per_prompt(c, check, what="env.kind='artist'", rows='G episodes x 2 roles')

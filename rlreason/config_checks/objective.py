@@ -2,7 +2,7 @@
 gets the inputs and options it needs (rlreason.config_checks.validate calls them).
 """
 
-from rlreason import config_checks
+from rlreason.config_checks import lengths
 
 
 # Inputs the loop hands a policy loss (update._policy_loss_kwargs) or an estimator
@@ -118,7 +118,7 @@ def check_objective(c, check) -> None:
     modes = dict(o.transform_kwargs.get('ifpo', {})).get('num_modes', 2)
     check(isinstance(modes, int) and modes >= 2,
           f"objective.transform_kwargs['ifpo'].num_modes={modes} must be an int >= 2.")
-  length, ov = config_checks.completion_length(c), c.overlong
+  length, ov = lengths.completion_length(c), c.overlong
   check(0 <= ov.cache_len <= length, f'overlong.cache_len={ov.cache_len} must be in '
                                      f'[0, {length}] (the completion length L_max).')
   check(ov.penalty_factor >= 0, f'overlong.penalty_factor={ov.penalty_factor} must be >= 0.')

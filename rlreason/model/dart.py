@@ -1,7 +1,7 @@
 """DART (Disentangled Action-Reasoning Tuning, seed abstract): two LoRA adapters, one for
 reasoning tokens and one for tool-call tokens, routed per token, unmerged.
 
-  adapters = init(model_cfg, lora_cfg, rng)         # {'reason': lora adapter, 'tool': ...}
+  adapters = dart_init.init(model_cfg, lora_cfg, rng)  # {'reason': lora adapter, 'tool': ...}
   spec = route_spec(tok, 'tags')                     # the call's open / close token ids
   params = attach(base_params, adapters, spec, lora_cfg.scale)   # params['dart'] = {...}
   transformer.apply(params, tokens, cfg=cfg, mask_NxT=m)         # routes from the tokens
@@ -14,7 +14,7 @@ wiring is our formalisation): every targeted projection computes
 
 both rank-r paths in full and one selected per token (no merge: a merged W' cannot differ
 per token). The adapters use lora.py's layouts and initialisation (B = 0: a fresh pair is
-the base model exactly). Embedding and LM-head targets are refused (`check`).
+the base model exactly). Embedding and LM-head targets are refused (dart_init.check).
 
 Routing (our formalisation; the abstract says only "reasoning and tool use"): a token is a
 tool-call token when a call has been opened at or before it and not closed before it. With
@@ -36,7 +36,8 @@ The adapters ride in the params tree under `KEY`, with the route spec and the sc
 arrays, so whatever receives the params (sampler, learner, evaluation) runs the routed
 policy; `transformer.apply` strips the key before building the model.
 
-Not here: the trainer's side (rl/adapters.py), the CEA metric (rl/cea.py).
+Not here: the adapters' checks and initialisation (dart_init.py, which uses lora.py), the
+trainer's side (rl/adapters.py), the CEA metric (methods/cea.py).
 """
 
 from typing import Any
@@ -110,26 +111,6 @@ def route(tokens_NxT, mask_NxT, spec, state: RouteState | None = None):
 
 
 # ----------------------------------------------------------------------------- params
-
-
-def check(model_cfg, lora_cfg) -> None:
-  """lora.check, plus: DART adapters on the attention and MLP projections only."""
-  from rlreason.model import lora  # lora imports transformer, which imports this module.
-  lora.check(model_cfg, lora_cfg)
-  bad = [p for p in lora.target_paths(model_cfg, lora_cfg) if p[0] != 'layers']
-  if bad:
-    raise ValueError(f'lora.targets={lora_cfg.targets} with lora.routing=\'dart\': '
-                     f'{[".".join(p) for p in bad]} cannot be routed per token here (only the '
-                     'attention and MLP projections); drop them from the targets.')
-
-
-def init(model_cfg, lora_cfg, rng: jax.Array) -> Params:
-  """{'reason': adapter, 'tool': adapter}, each as lora.init (B = 0), from split keys."""
-  from rlreason.model import lora
-  check(model_cfg, lora_cfg)
-  k_reason, k_tool = jax.random.split(rng)
-  return {'reason': lora.init(model_cfg, lora_cfg, k_reason),
-          'tool': lora.init(model_cfg, lora_cfg, k_tool)}
 
 
 def has(params: Params) -> bool:

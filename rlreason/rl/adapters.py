@@ -34,6 +34,7 @@ import jax
 
 from rlreason.model import adapter_export
 from rlreason.model import dart
+from rlreason.model import dart_init
 from rlreason.model import lora
 from rlreason.model import sharding
 
@@ -92,7 +93,7 @@ def setup(config, cfg, params, mesh, param_shardings, tok=None):
   """
   lora_cfg = lora_config(config)
   route = routing(config)
-  (dart.check if route else lora.check)(cfg, lora_cfg)
+  (dart_init.check if route else lora.check)(cfg, lora_cfg)
   if config.export.get('peft_path'):  # Fail now, not after training, if PEFT cannot load it.
     adapter_export.check_peft(cfg, lora_cfg)
   spec = None
@@ -106,7 +107,7 @@ def setup(config, cfg, params, mesh, param_shardings, tok=None):
                                     mesh, sharding.TRAIN_RULES)
   base = jax.device_put(base, base_sh)
   key = jax.random.fold_in(jax.random.key(config.seed), 7)
-  fresh = dart.init(cfg, lora_cfg, key) if route else lora.init(cfg, lora_cfg, key)
+  fresh = dart_init.init(cfg, lora_cfg, key) if route else lora.init(cfg, lora_cfg, key)
   axes = lora.adapter_axes(cfg, lora_cfg)
   adapter_sh = sharding.tree_shardings(jax.eval_shape(lambda: fresh),
                                        {k: axes for k in dart.ADAPTERS} if route else axes, mesh,

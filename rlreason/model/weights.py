@@ -29,6 +29,7 @@ import jax
 import ml_dtypes
 import numpy as np
 
+from rlreason.model import gguf_file
 from rlreason.model import safetensors_io
 from rlreason.model import sharding as sharding_lib
 from rlreason.model import transformer
@@ -239,7 +240,8 @@ def load(path, *, shardings=None, mesh=None, rules=None, param_dtype: str = 'flo
   """Reads a HF checkpoint directory into (ModelConfig, params).
 
   Args:
-    path: directory with config.json and model.safetensors or an index with shards.
+    path: directory with config.json and model.safetensors or an index with shards; or a
+      `.gguf` file, also as 'pkg:<package>/<file>.gguf' (model/gguf_file.py).
     shardings: where to place the params: a tree like the params of Shardings, one
       Sharding for all, or a callable cfg -> tree (the config is only known once read).
     mesh: instead of `shardings`, shard by `rules` (default TRAIN_RULES) on this mesh.
@@ -250,21 +252,26 @@ def load(path, *, shardings=None, mesh=None, rules=None, param_dtype: str = 'flo
   Returns:
     (cfg, params). Without shardings or mesh, params live on the default device.
   """
-  path = pathlib.Path(path)
-  if not path.is_dir():
-    raise CheckpointError(f'checkpoint directory {path} does not exist.')
-  if not (path / 'config.json').is_file():
-    raise CheckpointError(f'{path / "config.json"} does not exist.')
-  cfg = config_from_hf(safetensors_io.read_json((path / 'config.json').read_text(), path / 'config.json'),
-                       param_dtype=param_dtype, compute_dtype=compute_dtype)
-  entries = safetensors_io.index_checkpoint(path)
+  if gguf_file.is_gguf(path):  # Dequantised tensors in HF names and layout (model/gguf_file.py).
+    cfg, entries, read = gguf_file.open_checkpoint(path, param_dtype=param_dtype,
+                                                   compute_dtype=compute_dtype)
+  else:
+    path = pathlib.Path(path)
+    if not path.is_dir():
+      raise CheckpointError(f'checkpoint directory {path} does not exist.')
+    if not (path / 'config.json').is_file():
+      raise CheckpointError(f'{path / "config.json"} does not exist.')
+    cfg = config_from_hf(safetensors_io.read_json((path / 'config.json').read_text(), path / 'config.json'),
+                         param_dtype=param_dtype, compute_dtype=compute_dtype)
+    entries = safetensors_io.index_checkpoint(path)
+    read = lambda name: safetensors_io.read_tensor(entries[name])
   tmap = _tensor_map(cfg)
   _check_entries(entries, tmap, cfg, str(path))
   targets = _target_shardings(cfg, shardings, mesh, rules)
   abstract = transformer.abstract_params(cfg)
   params = {}
   for name, (ours, _, transpose) in tmap.items():
-    x = safetensors_io.read_tensor(entries[name])
+    x = read(name)
     leaf = tree_get(abstract, ours)
     # A view (transposes only permute strides); astype makes the one converted copy.
     x = (x.T if transpose else x).reshape(leaf.shape).astype(leaf.dtype, order='C')

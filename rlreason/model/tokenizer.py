@@ -1,7 +1,7 @@
 """One small tokenizer interface over HF `tokenizers` and sentencepiece models.
 
 `load(path)` reads a Hugging Face tokenizer directory (`tokenizer.json`, or
-Qwen2-style `vocab.json` + `merges.txt`) or a sentencepiece model, plus the
+Qwen2-style `vocab.json` + `merges.txt`), a sentencepiece model or a GGUF file, plus the
 optional `tokenizer_config.json`, `special_tokens_map.json`,
 `generation_config.json` and `chat_template.jinja` beside it. The `Tokenizer` it
 returns encodes and decodes like `transformers.AutoTokenizer` (v5) does, knows
@@ -37,6 +37,8 @@ import tokenizers
 from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
 
 from rlreason.model import chat_template as chat_template_lib
+from rlreason.model import gguf_file
+from rlreason.model import gguf_tokenizer
 
 # The named special tokens that transformers hands to chat templates.
 SPECIAL_TOKEN_NAMES = ('bos_token', 'eos_token', 'unk_token', 'sep_token', 'pad_token',
@@ -203,7 +205,14 @@ def load(path: str | os.PathLike[str], *, extra_eos: Iterable[int | str] = ()) -
       (Qwen2-style byte-level BPE), or `tokenizer.model`; or a `tokenizer.json`
       or sentencepiece `.model` file. Config files are read beside it.
     extra_eos: more stop tokens (ids or token strings) for `eos_ids`.
+
+  A `.gguf` path (also 'pkg:<package>/<file>.gguf') gives the tokenizer and chat template in
+  that file's metadata (model/gguf_tokenizer.py), built like a Qwen2-style directory's.
   """
+  if gguf_file.is_gguf(path):
+    backend, config = gguf_tokenizer.read(path)
+    tok = _load_hf(backend, config, gguf_file.resolve(path), from_json=False)
+    return tok.with_extra_eos([*config['extra_eos_ids'], *extra_eos])
   path = Path(path)
   if not path.exists():
     raise FileNotFoundError(f'Tokenizer path does not exist: {path}')

@@ -173,7 +173,7 @@ def test_parquet_matches_jsonl(tmp_path):
   assert from_parquet[0].meta == {'subject': 'Algebra'} and from_parquet[0].difficulty == 3
   custom = data.RecordFormat(task='qa', question_field='q', answer_field='a')
   (tmp_path / 'bad.jsonl').write_text('{"q": "hi"}\n')
-  with pytest.raises(ValueError, match=r"qa/bad/0: missing field\(s\) \['a'\]"):
+  with pytest.raises(ValueError, match=r"bad.jsonl:line 1: qa/bad/0: missing field\(s\) \['a'\]"):
     data.load_jsonl(tmp_path / 'bad.jsonl', custom)
 
 

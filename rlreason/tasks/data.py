@@ -5,7 +5,7 @@ turns it into lists of B examples per RL step (tokenization happens in train.py)
 
   synthetic_stream(task, ...)    infinite stream of train-split problems of a synthetic task
   held_out_set(task, n, ...)     a fixed list of n distinct held-out problems
-  load_jsonl / load_parquet      GSM8K- and MATH-style files (field names in a RecordFormat)
+  load_jsonl / load_parquet      GSM8K-, MATH- and plain question/answer files (FORMATS)
   load_countdown                 the d1 Countdown file ({"input": "30,100,93", "output": "23"})
   build_tfds / tfds_dataset      Examples written as a tfds dataset in array_record files and
                                  read back with tfds.data_source, without TensorFlow
@@ -149,6 +149,23 @@ class RecordFormat:
 GSM8K = RecordFormat(task='gsm8k', answer_after_hashes=True)
 MATH = RecordFormat(task='math', question_field='problem', solution_field='solution',
                     id_field='unique_id', difficulty_field='level')
+# A user's own data: {"question": ..., "answer": <the final answer>}; any other fields go to meta.
+PLAIN = RecordFormat(task='plain')
+FORMATS = {'gsm8k': GSM8K, 'math': MATH, 'plain': PLAIN}
+
+
+def record_format(name: str) -> RecordFormat:
+  """The RecordFormat named by `data.format`; a ValueError lists the known names."""
+  if name not in FORMATS:
+    raise ValueError(f'data.format={name!r} is not a known format; known: '
+                     + ', '.join(f'{k!r} (fields: {", ".join(required_fields(f))})'
+                                 for k, f in FORMATS.items()))
+  return FORMATS[name]
+
+
+def required_fields(fmt: RecordFormat) -> tuple[str, ...]:
+  """The fields every record must have; the solution, id and difficulty fields are optional."""
+  return (fmt.question_field, fmt.answer_field)
 
 
 def _text(value: Any) -> str:
@@ -160,47 +177,90 @@ def _text(value: Any) -> str:
 def record_to_example(record: Mapping[str, Any], fmt: RecordFormat, *,
                       default_id: str) -> tasks.Example:
   """One file record as an Example; raises ValueError naming `default_id` if malformed."""
-  missing = [f for f in (fmt.question_field, fmt.answer_field) if f not in record]
+  if not isinstance(record, Mapping):
+    raise ValueError(f'{default_id}: a record must be a JSON object, got '
+                     f'{type(record).__name__}.')
+  missing = [f for f in required_fields(fmt) if f not in record]
   if missing:
-    raise ValueError(f'{default_id}: missing field(s) {missing}; has {sorted(record)}.')
+    raise ValueError(f'{default_id}: missing field(s) {missing} of format {fmt.task!r} '
+                     f'(needs {list(required_fields(fmt))}); the record has {sorted(record)}.')
   answer = _text(record[fmt.answer_field])
-  solution = _text(record[fmt.solution_field]) if fmt.solution_field else None
+  solution = record.get(fmt.solution_field) if fmt.solution_field else None
+  solution = None if solution is None else _text(solution)
   if fmt.answer_after_hashes:
     if '####' not in answer:
-      raise ValueError(f'{default_id}: no "####" in field {fmt.answer_field!r}.')
+      raise ValueError(
+          f'{default_id}: no "####" in field {fmt.answer_field!r} (format {fmt.task!r} reads '
+          'a GSM8K worked solution ending in "#### <answer>"; for a bare final answer use '
+          "data.format='plain').")
     solution = answer
     answer = answer.rsplit('####', 1)[1].strip().replace(',', '')
   used = {fmt.question_field, fmt.answer_field, fmt.solution_field, fmt.id_field,
           fmt.difficulty_field}
+  example_id = record.get(fmt.id_field) if fmt.id_field else None
+  difficulty = record.get(fmt.difficulty_field) if fmt.difficulty_field else None
+  try:
+    difficulty = int(difficulty or 0)
+  except (TypeError, ValueError):
+    raise ValueError(f'{default_id}: field {fmt.difficulty_field!r}={difficulty!r} is not an '
+                     'integer.') from None
   return tasks.Example(
-      id=_text(record[fmt.id_field]) if fmt.id_field else default_id,
+      id=default_id if example_id is None else _text(example_id),
       prompt=_text(record[fmt.question_field]),
       answer=answer,
       solution=solution,
       task=fmt.task,
-      difficulty=int(record[fmt.difficulty_field]) if fmt.difficulty_field else 0,
+      difficulty=difficulty,
       meta={k: v for k, v in record.items() if k not in used},
   )
 
 
-def _jsonl_records(path: Path) -> list[dict[str, Any]]:
-  with path.open(encoding='utf-8') as f:
-    return [json.loads(line) for line in f if line.strip()]
+def _jsonl_records(path: Path) -> list[tuple[int, Any]]:
+  """(1-based line number, parsed record) for every non-blank line."""
+  try:
+    with path.open(encoding='utf-8') as f:
+      lines = list(f)
+  except (OSError, UnicodeDecodeError) as e:
+    raise ValueError(f'cannot read data file {path}: {e}') from None
+  records = []
+  for number, line in enumerate(lines, 1):
+    if line.strip():
+      try:
+        records.append((number, json.loads(line)))
+      except json.JSONDecodeError as e:
+        raise ValueError(f'{path}:{number}: not a JSON object ({e.msg}).') from None
+  return records
+
+
+def _examples(path: Path, numbered_records, fmt: RecordFormat,
+              unit: str) -> list[tasks.Example]:
+  examples = []
+  for i, (number, record) in enumerate(numbered_records):
+    try:
+      examples.append(record_to_example(record, fmt, default_id=f'{fmt.task}/{path.stem}/{i}'))
+    except ValueError as e:
+      raise ValueError(f'{path}:{unit} {number}: {e}') from None
+  if not examples:
+    raise ValueError(f'data file {path} holds no examples.')
+  return examples
 
 
 def load_jsonl(path: str | Path, fmt: RecordFormat) -> list[tasks.Example]:
-  """Every line of a JSONL file as an Example; ids default to '<task>/<file stem>/<line>'."""
+  """Every line of a JSONL file as an Example; ids default to '<task>/<file stem>/<line>'.
+
+  Errors name the file and the 1-based line; an empty file is an error."""
   path = Path(path)
-  return [record_to_example(r, fmt, default_id=f'{fmt.task}/{path.stem}/{i}')
-          for i, r in enumerate(_jsonl_records(path))]
+  return _examples(path, _jsonl_records(path), fmt, 'line')
 
 
 def load_parquet(path: str | Path, fmt: RecordFormat) -> list[tasks.Example]:
   """Every row of a Parquet file as an Example; ids default to '<task>/<file stem>/<row>'."""
   path = Path(path)
-  rows = pq.read_table(path).to_pylist()
-  return [record_to_example(r, fmt, default_id=f'{fmt.task}/{path.stem}/{i}')
-          for i, r in enumerate(rows)]
+  try:
+    rows = pq.read_table(path).to_pylist()
+  except (OSError, ValueError) as e:
+    raise ValueError(f'cannot read data file {path}: {e}') from None
+  return _examples(path, enumerate(rows), fmt, 'row')
 
 
 def load_countdown(path: str | Path) -> list[tasks.Example]:
@@ -208,7 +268,7 @@ def load_countdown(path: str | Path) -> list[tasks.Example]:
   path = Path(path)
   return [countdown.from_record([int(x) for x in r['input'].split(',')], int(r['output']),
                                 example_id=f'countdown/{path.stem}/{i}')
-          for i, r in enumerate(_jsonl_records(path))]
+          for i, (_, r) in enumerate(_jsonl_records(path))]
 
 
 def examples_dataset(source: Sequence[tasks.Example] | grain.MapDataset, *, seed: int | None,

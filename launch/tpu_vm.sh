@@ -17,9 +17,10 @@
 # of running them.
 set -euo pipefail
 
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 [[ $# -ge 1 ]] || usage
+case $1 in -h|--help|help) usage 0 ;; esac
 action=$1; shift
 name='' zone='' type='' version='' project='' config='' workdir='' spot=0 queued=0 dry_run=0
 extra=()

@@ -131,3 +131,11 @@ def test_aot_check_compiles_for_a_tpu_topology():
   assert row['sample_params'] == pytest.approx(total, rel=1e-6)  # SAMPLE keeps weights whole.
   assert row['sample_temp'] > 0  # The sampler's logits and cache buffers.
   assert row['peak'] >= row['params'] + row['opt_state']
+
+
+@pytest.mark.parametrize('flag', ['--help', '-h', 'help'])
+def test_tpu_vm_help_prints_usage_and_succeeds(flag):
+  p = subprocess.run(['bash', str(LAUNCH / 'tpu_vm.sh'), flag], capture_output=True, text=True,
+                     timeout=60)
+  assert p.returncode == 0 and 'launch/tpu_vm.sh create' in p.stdout, (p.stdout, p.stderr)
+  assert 'set -euo' not in p.stdout

@@ -54,7 +54,9 @@ EXTRAS_REQUIRE = {
         # The TPU compiler, for the AOT memory check on abstract TPU devices (launch_test).
         'libtpu==0.0.42.1',
     ],
-    'demo': ['matplotlib==3.11.2'],
+    # demo_report prints a `tensorboard --logdir` line: the viewer comes with the demo.
+    'demo': ['matplotlib==3.11.2', 'tensorboard==2.21.0', 'tensorboard-data-server==0.7.2',
+             'grpcio==1.85.3', 'Markdown==3.11.3', 'Werkzeug==3.1.9'],
     'launch': ['xmanager==0.8.5.post1'],
     # TPU runtime; on a CPU host libtpu also lets launch/aot_check.py compile for TPU topologies.
     'tpu': ['jax[tpu]==0.10.2', 'libtpu==0.0.42.1'],

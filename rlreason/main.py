@@ -27,6 +27,7 @@ from ml_collections import config_flags
 
 from rlreason import config as config_lib
 from rlreason import host_malloc
+from rlreason import platforms
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints and logs go.')
@@ -125,5 +126,6 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  platforms.default_to_cpu()  # No libtpu probe on a host without an accelerator.
   host_malloc.reexec()  # Once, with GLIBC_TUNABLES set: glibc reads it only at start-up.
   app.run(main)

@@ -229,7 +229,7 @@ def test_qwen_episode_is_the_template_rendering(qwen):
   hf, tok = qwen
   env = environment.ToolEnvironment(tools=['calculator'], family='qwen', verifier='exact')
   renderer = render.make_renderer(tok, family='qwen', tools=env.specs(),
-                                  system_prompt='You are terse.')
+                                  system_prompt='You are terse.', tool_calls_per_turn='one')
   cfg = CFG.replace(vocab_size=tok.vocab_size)
   params = transformer.init_params(cfg, jax.random.key(1))
   examples = _examples(2)
@@ -237,7 +237,10 @@ def test_qwen_episode_is_the_template_rendering(qwen):
       params, QwenFake(['5', 'a coffee house'], env.format), renderer, tok, examples, cfg=cfg, group_size=1,
       max_turns=3, max_turn_tokens=5, max_observation_tokens=64, max_total_tokens=160,
       rng=jax.random.key(2), prompt_buckets=(256,), stop_seqs=None)
-  assert episodes_lib.stop_sequences(tok, env.format) == ((tok.token_to_id('</tool_call>'),),)
+  # A turn stops at the call's end with tool_calls_per_turn='one'; Qwen's default is several
+  # calls per turn, ended by <|im_end|> (no stop sequence).
+  assert episodes_lib.turn_stops(tok, env, renderer) == ((tok.token_to_id('</tool_call>'),),)
+  assert episodes_lib.stop_sequences(tok, env.format) == ()
   tools = [s.as_json_schema() for s in env.specs()]
   tokens, loss = np.asarray(ep.rollout.tokens_NxL), np.asarray(ep.rollout.loss_mask_NxL)
   for n, example in enumerate(examples):

@@ -9,8 +9,12 @@ templates expect when a conversation is rendered again; `tool_schemas` is their 
 
 Families, and the template each follows:
   qwen    Qwen2.5-Instruct and Qwen3 (tokenizer_config.json in shared/data/qwen_tokenizer):
-          `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, several per turn;
-          Qwen3 reasoning before `</think>` is skipped.
+          `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, several per turn
+          (parallel calls; the turn ends at <|im_end|>); Qwen3 reasoning before `</think>` is
+          skipped. A call's JSON is read as JSON, so a string argument may hold the text
+          `</tool_call>`; a turn that stops at the call's end (tool_calls_per_turn='one')
+          stops there even inside a string, and that call is malformed (its error says to
+          write `<\\/tool_call>`, the JSON escape).
   llama3  Llama 3.x-Instruct JSON tool calling, as read in copies of the Llama-3.3-70B and
           Llama-3.2-1B-Instruct tokenizer_config.json templates (Llama 3.1's own file was not
           at hand; its tool-call part is the one 3.3 reuses):
@@ -36,7 +40,6 @@ from rlreason.envs import base
 
 Parsed = tuple[list[base.ToolCall], list[str]]
 
-_QWEN_CALL = re.compile(r'<tool_call>(.*?)(</tool_call>|\Z)', re.DOTALL)
 _TAGS_CALL = re.compile(r'<call>(.*?)(</call>|\Z)', re.DOTALL)
 _TAGS_BODY = re.compile(r'\s*([A-Za-z_][\w.-]*)\s*:?(.*)', re.DOTALL)
 _LLAMA_PREFIX = '<|python_tag|>'
@@ -81,17 +84,47 @@ def _after_reasoning(text: str) -> str:
   return text.rsplit('</think>', 1)[-1]
 
 
+_QWEN_OPEN, _QWEN_CLOSE = '<tool_call>', '</tool_call>'
+
+
+def _qwen_bodies(text: str):
+  """(body, closed) per call: a body that is one JSON object runs to its end (its strings may
+  hold '</tool_call>'), anything else to the first '</tool_call>' or the end of the text."""
+  decoder, pos = json.JSONDecoder(), 0
+  while (start := text.find(_QWEN_OPEN, pos)) >= 0:
+    body = start + len(_QWEN_OPEN)
+    end = -1
+    first = len(text) - len(text[body:].lstrip())
+    if text.startswith('{', first):
+      try:
+        after = decoder.raw_decode(text, first)[1]
+        after = len(text) - len(text[after:].lstrip())
+        end = after if text.startswith(_QWEN_CLOSE, after) else -1
+      except (ValueError, RecursionError):  # read again below, for its error message
+        pass
+    if end < 0:
+      end = text.find(_QWEN_CLOSE, body)
+    if end < 0:
+      yield text[body:], False
+      return
+    yield text[body:end], True
+    pos = end + len(_QWEN_CLOSE)
+
+
 def _parse_qwen(text: str) -> Parsed:
 
-  def one(i, m):
+  def one(i, body, closed):
     where = f'tool call {i + 1}'
-    if not m.group(2):
+    if not closed:
       return None, f'{where}: <tool_call> is not closed by </tool_call>'
-    obj, error = _loads(m.group(1).strip(), where)
+    obj, error = _loads(body.strip(), where)
+    if error.startswith(f'{where}: invalid JSON (Unterminated string'):
+      error += ('; a "</tool_call>" inside a JSON string ends the call when a turn stops at '
+                'the call\'s end: write it as "<\\/tool_call>"')
     return _call_from_object(obj, 'arguments', where) if not error else (None, error)
 
-  matches = list(_QWEN_CALL.finditer(_after_reasoning(text)))
-  return _collect(one(i, m) for i, m in enumerate(matches))
+  bodies = _qwen_bodies(_after_reasoning(text))
+  return _collect(one(i, body, closed) for i, (body, closed) in enumerate(bodies))
 
 
 def _parse_llama3(text: str) -> Parsed:
@@ -158,12 +191,15 @@ class Format:
     turn_end: what the template writes after an assistant turn's text (the EOS the model
       samples), '' where the tokenizer's template decides (tags).
     tool_keys: the message keys, beyond role and content, that the template reads.
+    calls_per_turn: the family's natural turn: 'many' (calls until the turn's EOS: qwen) or
+      'one' (the turn stops at `call_end`: tags; llama3's template renders one per turn).
   """
   family: str
   call_end: str
   turn_end: str
   tool_keys: tuple[str, ...]
   _parse: Callable[[str], Parsed] = dataclasses.field(repr=False)
+  calls_per_turn: str = 'one'
 
   def parse_calls(self, turn_text: str) -> Parsed:
     """Every tool call in one assistant turn, and an error string per unreadable one."""
@@ -197,10 +233,21 @@ class Format:
 
 FORMATS = {
     # Qwen templates render a tool message's content only.
-    'qwen': Format('qwen', '</tool_call>', '<|im_end|>', (), _parse_qwen),
-    'llama3': Format('llama3', '', '<|eot_id|>', (), _parse_llama3),
-    'tags': Format('tags', '</call>', '', ('name', 'tool_call_id'), _parse_tags),
+    'qwen': Format('qwen', '</tool_call>', '<|im_end|>', (), _parse_qwen, 'many'),
+    'llama3': Format('llama3', '', '<|eot_id|>', (), _parse_llama3, 'one'),
+    'tags': Format('tags', '</call>', '', ('name', 'tool_call_id'), _parse_tags, 'one'),
 }
+CALLS_PER_TURN = ('one', 'many')
+
+
+def calls_per_turn(fmt: Format, setting: str = '') -> str:
+  """'one' or 'many': `setting` (env.tool_calls_per_turn), or the format's default for ''
+  and 'family'."""
+  if setting in ('', 'family'):
+    return fmt.calls_per_turn
+  if setting not in CALLS_PER_TURN:
+    raise ValueError(f'env.tool_calls_per_turn={setting!r}; known: "one", "many", "family".')
+  return setting
 
 
 def get(family: str) -> Format:

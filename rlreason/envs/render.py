@@ -8,56 +8,107 @@ the template renders for the same conversation (tests/envs_formats_test.py pins 
 transformers for Qwen2.5 and Qwen3, and the Qwen3 reasoning-stripping difference).
 
   renderer = make_renderer(tok, family='qwen', tools=env.specs(), system_prompt='...')
-  renderer.prompt_text(example)                # system + user + generation prompt
-  renderer.observation_text(messages, ended)   # after a turn; `ended`: it sampled an EOS
+  renderer.prompt_text(example)                     # system + user + generation prompt
+  renderer.observation_pieces(messages, ended)      # after a turn; `ended`: it sampled an EOS
+  tok.encode_pieces(pieces)                         # the observation's ids
 
-ChatRenderer follows a tokenizer's chat template (qwen, llama3): the observation is the
-template's rendering of [..., assistant, tool messages] + generation prompt minus its
-rendering of [..., assistant], computed on a fixed stand-in conversation; the assistant
-turn's own end (`<|im_end|>\\n`) comes first unless the model sampled the EOS itself.
+ChatRenderer follows a tokenizer's chat template (qwen, llama3): the observation is what the
+template writes after the text of a stand-in assistant answer when [stand-in exchange,
+messages] is rendered with the generation prompt. It is anchored at that answer's end, so
+it never depends on how the template re-renders earlier turns (Qwen3 drops the reasoning of
+turns before a later user message, and the empty think block of an enable_thinking=False
+prompt; the episode keeps what the model saw). The assistant turn's own end
+(`<|im_end|>\\n`) comes first unless the model sampled the EOS itself.
 TextRenderer is for tokenizers without a template (the character-level demo model, 'tags'):
 the prompt is `prompt_template` and an observation is `<result>...</result>` per call.
+
+Observations come as pieces, (text, trusted): the template's own text may hold control
+tokens, the messages' content (a tool's output, a feedback turn) is encoded as ordinary text
+(Tokenizer.encode_pieces), so a tool cannot write `<|im_end|><|im_start|>user` into the
+conversation. Content is made valid unicode first (a lone surrogate becomes U+FFFD).
+`tool_calls_per_turn` ('one', 'many', '': the format's default) says whether a turn stops
+at a call's end (episodes.stop_sequences).
 
 Not here: tokenisation itself (the tokenizer is passed in, duck-typed: `apply_chat_template`,
 `encode`), parsing calls (formats.py), running tools (environment.py).
 """
 
 import dataclasses
+import re
 from typing import Any, Mapping, Sequence
 
 from rlreason.envs import base
 from rlreason.envs import formats
 
 RESULT_OPEN, RESULT_CLOSE = '<result>', '</result>'
-# The stand-in turn carries reasoning, so templates that render an empty think block only for
-# the last assistant turn (Qwen3) render it the same before and after the tool messages.
-_STAND_IN = [{'role': 'user', 'content': 'q'},
-             {'role': 'assistant', 'content': '<think>\nr\n</think>\n\na'}]
+Pieces = list[tuple[str, bool]]  # (text, trusted): the template's own text, or message content
+# The stand-in turn the observation is anchored to; a private-use character makes it a
+# string no message holds (checked).
+_ANCHOR = 'stand-in answer \ue000'
+# Private-use characters that mark a message's content in a rendering: (open, close) pairs.
+_MARKS = tuple((chr(c), chr(c + 1)) for c in range(0xE010, 0xE100, 2))
+
+
+def valid_unicode(text: str) -> str:
+  """`text` with surrogate pairs joined and lone surrogates (which no tokenizer encodes)
+  replaced by U+FFFD: a tool's output or a decoded turn never stops an episode."""
+  if text.isascii():
+    return text
+  return text.encode('utf-16', 'surrogatepass').decode('utf-16', 'replace')
+
+
+def clean_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
+  """Copies of `messages` whose string content is valid unicode (lone surrogates replaced)."""
+  return [{**m, 'content': valid_unicode(m['content'])}
+          if isinstance(m.get('content'), str) else dict(m) for m in messages]
+
+
+def observation_pieces(renderer, messages: Sequence[Mapping[str, Any]], ended: bool) -> Pieces:
+  """`renderer.observation_pieces`, or for a renderer that only writes text (patient.py,
+  artist.py) its whole observation as trusted text (their messages are their own)."""
+  if hasattr(renderer, 'observation_pieces'):
+    return renderer.observation_pieces(messages, ended)
+  return [(renderer.observation_text(clean_messages(messages), ended), True)]
 
 
 @dataclasses.dataclass(frozen=True)
 class TextRenderer:
-  """Plain text around turns: `prompt_template` (+ an optional system line) and results."""
+  """Plain text around turns: `prompt_template` (+ an optional system line) and results.
+
+  tool_calls_per_turn: 'one' (a turn stops at the call's end), 'many', or '' for the
+  format's default (formats.Format.calls_per_turn).
+  """
   prompt_template: str = '{prompt}'
   system_prompt: str = ''
+  tool_calls_per_turn: str = ''
 
   def prompt_text(self, example) -> str:
     prompt = self.prompt_template.format(prompt=example.prompt)
     return f'{self.system_prompt}\n{prompt}' if self.system_prompt else prompt
 
-  def observation_text(self, messages: Sequence[Mapping[str, Any]], ended: bool) -> str:
+  def observation_pieces(self, messages: Sequence[Mapping[str, Any]], ended: bool) -> Pieces:
     del ended  # No turn structure: the model continues its own text after the results.
-    return ''.join(f'{RESULT_OPEN}{m["content"]}{RESULT_CLOSE}' for m in messages)
+    pieces = []
+    for m in clean_messages(messages):
+      pieces += [(RESULT_OPEN, True), (str(m['content']), False), (RESULT_CLOSE, True)]
+    return pieces
+
+  def observation_text(self, messages: Sequence[Mapping[str, Any]], ended: bool) -> str:
+    return ''.join(text for text, _ in self.observation_pieces(messages, ended))
 
 
 @dataclasses.dataclass(frozen=True)
 class ChatRenderer:
-  """The tokenizer's chat template, with the tools' schemas in its system prompt."""
+  """The tokenizer's chat template, with the tools' schemas in its system prompt.
+
+  tool_calls_per_turn: as TextRenderer's.
+  """
   tok: Any
   format: formats.Format
   tools: tuple[base.ToolSpec, ...]
   system_prompt: str = ''
   chat_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  tool_calls_per_turn: str = ''
 
   def _render(self, messages, add_generation_prompt: bool) -> str:
     return self.tok.apply_chat_template(
@@ -70,33 +121,80 @@ class ChatRenderer:
   def prompt_text(self, example) -> str:
     return self._render(self._system() + [{'role': 'user', 'content': example.prompt}], True)
 
-  def observation_text(self, messages: Sequence[Mapping[str, Any]], ended: bool) -> str:
-    """The template's text after an assistant turn that `messages` (tool results) answer.
+  def observation_pieces(self, messages: Sequence[Mapping[str, Any]], ended: bool) -> Pieces:
+    """The template's text after an assistant turn that `messages` (tool results, user turns)
+    answer, split into the template's own text (trusted) and the messages' content.
 
+    It is read off one rendering of a stand-in exchange + `messages` + the generation prompt,
+    after the stand-in answer's text: whatever the template does to earlier turns when later
+    messages arrive (Qwen3 drops their reasoning once a user turn follows) is never used.
     ended: the turn's last sampled token was an EOS (the template's turn end); otherwise the
-    turn stopped at the call's end, and the turn end is part of the observation.
+    turn stopped at a call's end, and the turn end is part of the observation.
     """
-    before = self._render(self._system() + _STAND_IN, False)
-    after = self._render(self._system() + _STAND_IN + list(messages), True)
-    if not after.startswith(before):
-      raise ValueError(f'{self.format.family}: the chat template rewrites earlier turns when '
-                       'tool messages follow; an observation cannot be appended token-exactly.')
+    messages = clean_messages(messages)
+    texts = [str(m.get('content', '')) for m in messages] + [self.system_prompt]
+    if any(_ANCHOR in t for t in texts):
+      raise ValueError(f'a message holds the renderer\'s anchor text {_ANCHOR!r}.')
+    stand_in = self._system() + [{'role': 'user', 'content': 'q'},
+                                 {'role': 'assistant', 'content': _ANCHOR}]
+    plain = self._after_anchor(stand_in + messages)
     end = self.format.turn_end
-    turn_tail = before[before.rindex(end):] if end and end in before else ''
-    if ended:
-      turn_tail = turn_tail[len(end):]
-    return turn_tail + after[len(before):]
+    if end and not plain.startswith(end):
+      raise ValueError(f'{self.format.family}: the chat template writes {plain[:40]!r} after '
+                       f'an assistant turn, not its turn end {end!r}.')
+    skip = len(end) if ended and end else 0
+    pieces = self._split_content(stand_in, messages, plain)
+    while skip:  # Drop the sampled turn end from the leading (trusted) pieces.
+      text, trusted = pieces.pop(0)
+      pieces.insert(0, (text[skip:], trusted)) if len(text) > skip else None
+      skip = max(0, skip - len(text))
+    return [(text, trusted) for text, trusted in pieces if text]
+
+  def observation_text(self, messages: Sequence[Mapping[str, Any]], ended: bool) -> str:
+    return ''.join(text for text, _ in self.observation_pieces(messages, ended))
+
+  def _after_anchor(self, messages) -> str:
+    text = self._render(messages, True)
+    return text[text.index(_ANCHOR) + len(_ANCHOR):]
+
+  def _split_content(self, stand_in, messages, plain: str) -> Pieces:
+    """`plain` as pieces: each message's content (as the template wrote it, which may quote
+    or trim it) untrusted, the rest trusted. Found by rendering the content between marks."""
+    used = ''.join(str(m.get('content', '')) for m in messages) + self.system_prompt
+    opening, closing = next(pair for pair in _MARKS if not any(c in used for c in pair))
+    for trim in (False, True):
+      marked = [{**m, 'content': opening + (m['content'].strip() if trim else m['content'])
+                 + closing} if isinstance(m.get('content'), str) else m for m in messages]
+      text = self._after_anchor(stand_in + marked)
+      if text.replace(opening, '').replace(closing, '') != plain:
+        continue
+      pieces, trusted = [], True
+      for part in re.split(f'([{opening}{closing}])', text):
+        if part in (opening, closing):
+          trusted = part == closing
+        elif part:
+          pieces.append((part, trusted))
+      return pieces
+    raise ValueError(f'{self.format.family}: the chat template transforms message content in '
+                     'a way the renderer cannot separate from its own text.')
 
 
 def make_renderer(tok, *, family: str, tools: Sequence[base.ToolSpec], system_prompt: str = '',
-                  prompt_template: str = '{prompt}', chat_kwargs=None):
-  """TextRenderer for 'tags', ChatRenderer (the tokenizer's template) for qwen and llama3."""
+                  prompt_template: str = '{prompt}', chat_kwargs=None,
+                  tool_calls_per_turn: str = ''):
+  """TextRenderer for 'tags', ChatRenderer (the tokenizer's template) for qwen and llama3.
+
+  tool_calls_per_turn (config env.tool_calls_per_turn): 'one' stops a turn at the call's end,
+  'many' lets a turn hold several calls (it ends at EOS), '' or 'family' the format's default.
+  """
   fmt = formats.get(family)
+  per_turn = formats.calls_per_turn(fmt, tool_calls_per_turn)
   if family == 'tags':
     system = system_prompt if system_prompt != 'tools' else formats.render_system_prompt(tools)
-    return TextRenderer(prompt_template=prompt_template, system_prompt=system)
+    return TextRenderer(prompt_template=prompt_template, system_prompt=system,
+                        tool_calls_per_turn=per_turn)
   if not getattr(tok, 'chat_template', None):
     raise ValueError(f'env.family={family!r} renders with the tokenizer\'s chat template, and '
                      'this tokenizer has none; use family="tags" for a template-less model.')
   return ChatRenderer(tok=tok, format=fmt, tools=tuple(tools), system_prompt=system_prompt,
-                      chat_kwargs=dict(chat_kwargs or {}))
+                      chat_kwargs=dict(chat_kwargs or {}), tool_calls_per_turn=per_turn)

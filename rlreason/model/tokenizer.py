@@ -113,6 +113,51 @@ class Tokenizer:
     eos = [self.eos_id] if add_special_tokens and self.add_eos and self.eos_id is not None else []
     return [bos + self._sp_encode(t) + eos for t in texts]
 
+  def encode_pieces(self, pieces: Sequence[tuple[str, bool]]) -> list[int]:
+    """Ids of the pieces' concatenated text, where only trusted pieces (True: a template's own
+    text) may produce added/special token ids; untrusted ones (False: a tool's output, a
+    user's text) are ordinary text, so '<|im_end|>' in a tool result cannot end a turn.
+
+    Text runs across piece boundaries between added tokens are encoded as one (as `encode`
+    does), so when no untrusted piece holds an added token's text the ids equal
+    `encode(''.join(text))`.
+    """
+    added = self._added_texts()
+    pattern = _specials_regex(added) if added else None
+    runs: list[str | int] = []  # text to encode, or an added token's id
+    for text, trusted in pieces:
+      start = 0
+      for m in pattern.finditer(text) if trusted and pattern else ():
+        runs += [text[start:m.start()], self._added_id(m.group())]
+        start = m.end()
+      runs.append(text[start:])
+    ids, buffer = [], ''
+    for run in [*runs, None]:
+      if isinstance(run, str):
+        buffer += run
+        continue
+      if buffer:
+        ids += self._encode_plain(buffer)
+        buffer = ''
+      if run is not None:
+        ids.append(run)
+    return ids
+
+  def _added_texts(self) -> tuple[str, ...]:
+    if self.is_sentencepiece:
+      return tuple(self.sp_specials)
+    return tuple(t.content for t in self.backend.get_added_tokens_decoder().values()
+                 if t.content)
+
+  def _added_id(self, text: str) -> int:
+    return self.sp_specials[text] if self.is_sentencepiece else self.backend.token_to_id(text)
+
+  def _encode_plain(self, text: str) -> list[int]:
+    """`text` encoded with no added-token matching (control strings become ordinary text)."""
+    if self.is_sentencepiece:
+      return self.backend.encode(text)
+    return _without_added_tokens(self.backend).encode(text, add_special_tokens=False).ids
+
   def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:
     return self.decode_batch([ids], skip_special_tokens=skip_special_tokens)[0]
 
@@ -418,6 +463,14 @@ def _load_sentencepiece(file: Path, config: dict[str, Any]) -> Tokenizer:
       add_bos=bool(config.get('add_bos_token', False)),
       add_eos=bool(config.get('add_eos_token', False)),
       sp_specials={p: i for p, i in specials.items() if p})  # Skip empty pieces.
+
+
+@functools.lru_cache(maxsize=8)
+def _without_added_tokens(backend: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
+  """A copy of `backend` that knows no added tokens (same normalizer, pre-tokenizer, model)."""
+  data = json.loads(backend.to_str())
+  data['added_tokens'] = []
+  return tokenizers.Tokenizer.from_str(json.dumps(data))
 
 
 @functools.lru_cache(maxsize=8)

@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlreason.envs import render
 from rlreason.model import dart
 from rlreason.model import transformer
 from rlreason.rollout import continuous_pool
@@ -99,7 +100,7 @@ def run_episodes(params, env, renderer, tok, examples: Sequence[Any], *, cfg, gr
   if chunk < 1:
     raise ValueError(f'chunk_steps={chunk_steps} must be >= 1.')
   if stop_seqs is None:
-    stop_seqs = episodes_lib.stop_sequences(tok, env.format)
+    stop_seqs = episodes_lib.turn_stops(tok, env, renderer)
   stop_seqs = tuple(tuple(int(t) for t in seq) for seq in stop_seqs)
   eos = tuple(sorted(tok.eos_ids))
   prompt_ids = [tok.encode(renderer.prompt_text(ex)) for ex in examples]
@@ -147,7 +148,8 @@ def run_episodes(params, env, renderer, tok, examples: Sequence[Any], *, cfg, gr
       tokens, count = jax.device_get((pool['tokens_NxL'], pool['count_N']))
       rows = row_S[waiting]
       turn_ids = [tokens[r, start_N[r]:count[r]].tolist() for r in rows]
-      texts = tok.decode_batch(turn_ids, skip_special_tokens=True)
+      texts = [render.valid_unicode(t) for t in tok.decode_batch(turn_ids,
+                                                                 skip_special_tokens=True)]
       outs = list(executor.map(lambda a: env.step(states[a[0]], a[1]), zip(rows, texts)))
       obs_SxO = np.zeros((slots, width), np.int32)
       obs_mask_SxO = np.zeros((slots, width), bool)

@@ -44,6 +44,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlreason.envs import formats
+from rlreason.envs import render
 from rlreason.model import dart
 from rlreason.model import sharding
 from rlreason.model import transformer
@@ -121,9 +123,18 @@ def metrics(episodes: Episodes) -> dict[str, float]:
   return out
 
 
-def stop_sequences(tok, fmt) -> tuple[tuple[int, ...], ...]:
-  """Token sequences that end a turn besides EOS: the format's call end, as encoded."""
-  return (tuple(tok.encode(fmt.call_end)),) if fmt.call_end else ()
+def stop_sequences(tok, fmt, calls_per_turn: str = '') -> tuple[tuple[int, ...], ...]:
+  """Token sequences that end a turn besides EOS: the format's call end, as encoded, when a
+  turn holds one call (`calls_per_turn` 'one', or '' and the format's default is 'one');
+  none when it may hold several ('many': the turn ends at its EOS)."""
+  one = formats.calls_per_turn(fmt, calls_per_turn) == 'one'
+  return (tuple(tok.encode(fmt.call_end)),) if one and fmt.call_end else ()
+
+
+def turn_stops(tok, env, renderer) -> tuple[tuple[int, ...], ...]:
+  """The episode loops' default stop sequences: the renderer's tool_calls_per_turn (set by
+  render.make_renderer from env.tool_calls_per_turn) over the environment's format."""
+  return stop_sequences(tok, env.format, getattr(renderer, 'tool_calls_per_turn', ''))
 
 
 def cache_slots(max_turns: int, max_turn_tokens: int, max_observation_tokens: int) -> int:
@@ -158,7 +169,7 @@ def run_episodes(params, env, renderer, tok, examples: Sequence[Any], *, cfg, gr
                      'from their own keys).')
   check_budgets(max_turns, max_turn_tokens, max_total_tokens, max_observation_tokens)
   if stop_seqs is None:  # The call's closing text, from the environment's tool-call format.
-    stop_seqs = stop_sequences(tok, env.format)
+    stop_seqs = turn_stops(tok, env, renderer)
   stop_seqs = tuple(tuple(int(t) for t in seq) for seq in stop_seqs)
   eos = tuple(sorted(tok.eos_ids))
   prompt_ids = [tok.encode(renderer.prompt_text(ex)) for ex in examples]
@@ -201,7 +212,8 @@ def run_episodes(params, env, renderer, tok, examples: Sequence[Any], *, cfg, gr
       new_count = np.asarray(jax.device_get(state.count_N))
       rows = np.flatnonzero(live)
       turn_ids = [tokens[r, count[r]:new_count[r]].tolist() for r in rows]
-      texts = tok.decode_batch(turn_ids, skip_special_tokens=True)
+      texts = [render.valid_unicode(t) for t in tok.decode_batch(turn_ids,
+                                                                 skip_special_tokens=True)]
       snapshots = [rollback_lib.copy_state(states[r]) for r in rows] if tracker else None
       steps = list(pool.map(lambda a: env.step(states[a[0]], a[1]), zip(rows, texts)))
       if tracker and turn < max_turns - 1:
@@ -262,11 +274,13 @@ def run_episodes(params, env, renderer, tok, examples: Sequence[Any], *, cfg, gr
 
 def _fit_observation(tok, renderer, messages, ended: bool, width: int) -> list[int]:
   """The observation's ids within `width` tokens: the result with the most text left is cut
-  (a marker says by how much) until it fits; [] if the template's own text cannot fit."""
-  messages = [dict(m) for m in messages]
+  (a marker says by how much) until it fits; [] if the template's own text cannot fit.
+  Message content never becomes control tokens (render.py's pieces, tok.encode_pieces)."""
+  messages = render.clean_messages(messages)
   originals = [str(m['content']) for m in messages]
   keep = [len(c) for c in originals]
-  ids = tok.encode(renderer.observation_text(messages, ended))
+  encode = lambda: tok.encode_pieces(render.observation_pieces(renderer, messages, ended))
+  ids = encode()
   while len(ids) > width:
     i = int(np.argmax(keep)) if keep else 0
     if not keep or keep[i] == 0:
@@ -276,7 +290,7 @@ def _fit_observation(tok, renderer, messages, ended: bool, width: int) -> list[i
     keep[i] = max(0, min(keep[i] - (len(ids) - width), keep[i] * width // len(ids)))
     cut = len(originals[i]) - keep[i]
     messages[i]['content'] = originals[i][:keep[i]] + f'...[truncated {cut} characters]'
-    ids = tok.encode(renderer.observation_text(messages, ended))
+    ids = encode()
   return ids
 
 

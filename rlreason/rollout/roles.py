@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlreason.envs import render
 from rlreason.rollout import sampler
 from rlreason.rollout import typed_episodes
 
@@ -104,7 +105,8 @@ def _turn(params, tok, texts, live, *, cfg, prompt_tokens, max_turn_tokens, rng,
   rollout = rollout.replace(
       mask_NxL=rollout.mask_NxL & real_Nx1, loss_mask_NxL=rollout.mask_NxL & real_Nx1,
       lengths_N=jnp.where(real_Nx1[:, 0], rollout.lengths_N, 0))
-  return rollout, rows, sampled, tok.decode_batch(sampled, skip_special_tokens=True)
+  texts = tok.decode_batch(sampled, skip_special_tokens=True)
+  return rollout, rows, sampled, [render.valid_unicode(t) for t in texts]
 
 
 def run_role_episodes(params, env, tok, examples: Sequence, *, cfg, group_size: int,
@@ -140,7 +142,8 @@ def run_role_episodes(params, env, tok, examples: Sequence, *, cfg, group_size: 
       conv_ids[r] += ids
       conv_trained[r] += [True] * len(ids)
       if role == 0 and not step.done:
-        seen = tok.encode(f'= {step.observation}\n')
+        seen = tok.encode_pieces([('= ', True), (render.valid_unicode(str(step.observation)),
+                                                 False), ('\n', True)])  # no control ids
         conv_ids[r] += seen
         conv_trained[r] += [False] * len(seen)
   role_rewards = np.array([[s.role_rewards[0], s.role_rewards[1] if s.turns == 2 else np.nan]

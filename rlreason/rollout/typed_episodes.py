@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlreason.envs import render
 from rlreason.rollout import episodes as episodes_lib
 from rlreason.rollout import sampler
 
@@ -122,7 +123,8 @@ def run_typed_episodes(params, env, renderer, tok, examples: Sequence[Any], *, c
                                                            rollout.mask_NxL)))
     rows = np.flatnonzero(row_live)
     sampled = [tokens[r, mask[r]].tolist() for r in rows]
-    actions = tok.decode_batch(sampled, skip_special_tokens=True)
+    actions = [render.valid_unicode(t) for t in tok.decode_batch(sampled,
+                                                                skip_special_tokens=True)]
     for r, action_ids, action in zip(rows, sampled, actions):
       step = env.step(states[r], action)
       transcripts[r].append({'turn': turn, 'state': texts[r], 'text': action,
@@ -134,7 +136,8 @@ def run_typed_episodes(params, env, renderer, tok, examples: Sequence[Any], *, c
         live[r] = False
         truncated[r] = bool(step.info.get('truncated')) or not step.done
         continue
-      answer = tok.encode(renderer.observation_text(step.info['messages'], True))
+      answer = tok.encode_pieces(render.observation_pieces(renderer, step.info['messages'],
+                                                           True))
       conv_ids[r] += answer
       conv_trained[r] += [False] * len(answer)
     real_Nx1 = jnp.asarray(row_live)[:, None]

@@ -177,12 +177,13 @@ def test_os_layer_contains_what_the_python_hook_cannot_see():
   # `wait` the first shell may exit at once, before any fork fails: then the kernel kills the
   # rest, which is contained too but shows nothing about the cap.)
   bomb = sandbox.run([sh, '-c', 'b() { b | b & }; b; while :; do :; done'],
-                     limits=sandbox.Limits(wall_s=3.0))
+                     limits=sandbox.Limits(wall_s=3.0), new_processes=True)
   # The first shell itself may be refused a fork for its own `b | b &` and exit 2 (dash):
   # either way RLIMIT_NPROC said no ('Cannot fork') and nothing is left.
   assert bomb.status in ('timeout', 'error') and 'Cannot fork' in bomb.stderr, bomb
   assert not sandbox_processes()
-  orphans = sandbox.run([sh, '-c', 'b() { b | b & }; b'], limits=sandbox.Limits(wall_s=3.0))
+  orphans = sandbox.run([sh, '-c', 'b() { b | b & }; b'], limits=sandbox.Limits(wall_s=3.0),
+                        new_processes=True)
   assert orphans.status in ('ok', 'error', 'timeout'), orphans  # error: refused a fork
   assert not sandbox_processes()
   net = sandbox.run([sandbox.python_interpreter(), '-I', '-S', '-c',
@@ -190,8 +191,8 @@ def test_os_layer_contains_what_the_python_hook_cannot_see():
   # No route at all (network namespace), or refused earlier by Landlock's TCP rule.
   assert net.status == 'error' and ('unreachable' in net.stderr.lower() or
                                     'permission denied' in net.stderr.lower()), net
-  write = sandbox.run([sh, '-c', f'echo x > {OUTSIDE}; echo y > /etc/pwned'])
+  write = sandbox.run([sh, '-c', f'echo x > {OUTSIDE}; echo y > /etc/pwned'], new_processes=True)
   assert 'Read-only file system' in write.stderr and not OUTSIDE.exists()
-  env = sandbox.run([sh, '-c', 'cat /proc/*/environ; echo $' + SECRET])
+  env = sandbox.run([sh, '-c', 'cat /proc/*/environ; echo $' + SECRET], new_processes=True)
   assert 'hunter2' not in env.stdout
   assert not sandbox_processes()

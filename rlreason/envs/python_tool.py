@@ -1,7 +1,10 @@
 """`python`: a per-episode Python interpreter whose every cell runs in the sandbox.
 
-Nothing the model writes is executed in this process: each call is one `sandbox.run_python`
-(rlimits, private temporary directory, no network, the audit hook; see verifiers/sandbox.py).
+Nothing the model writes is executed in this process: each call is one `sandbox.run_python`,
+with the same isolation as a verifier item (rlimits, a CPU budget for the whole process tree,
+private temporary directory, no network, private IPC namespace, the seccomp filter and the
+audit hook; see verifiers/sandbox.py), so no call leaves state (files, SysV or POSIX IPC
+objects, processes) that a later call or another episode could read.
 State persists by replay: the session keeps the cells that ran without raising, and each
 call runs all of them again with their output suppressed, then the new cell with its
 stdout and stderr captured. Consequences, accepted for isolation without a long-lived

@@ -104,7 +104,8 @@ def main_module_hidden():
 class Housekeeper(threading.Thread):
   """Off the caller's thread: starts requested workers, and stops discarded ones
   (SIGTERM, then SIGKILL after the grace period, then reap), so `score` never waits on
-  either."""
+  either. It never dies of an error: a failed step is logged on stderr and retried on the
+  next round (a thread that died would leave the pool without workers for good)."""
 
   def __init__(self, grace_s: float, spawn):
     super().__init__(name='verifier-pool-housekeeper', daemon=True)
@@ -163,18 +164,28 @@ class Housekeeper(threading.Thread):
     with self._lock:
       dying = list(self._dying)
     for entry in dying:
-      process, when, stage = entry
-      if process.exitcode is not None:
-        process.join(0)
-        sandbox.remove_worker_dirs(process.pid)  # a killed worker cannot clean up after itself.
-        with self._lock:
-          self._dying.remove(entry)
-      elif now >= when and stage == 'stop':
-        process.terminate()
-        entry[1:] = [now + self._grace_s, 'term']
-      elif now >= when and stage == 'term':
-        process.kill()
-        entry[1:] = [now + 5.0, 'kill']
+      try:
+        self._step(entry, now)
+      except Exception as e:  # pylint: disable=broad-except
+        print(f'verifier pool housekeeper: stopping worker {entry[0].pid}: '
+              f'{type(e).__name__}: {e}', file=sys.stderr, flush=True)
+        if entry[0].exitcode is not None:  # reaped; only its clean-up failed: drop it.
+          with self._lock:
+            self._dying.remove(entry)
+
+  def _step(self, entry: list, now: float) -> None:
+    process, when, stage = entry
+    if process.exitcode is not None:
+      process.join(0)
+      sandbox.remove_worker_dirs(process.pid)  # a killed worker cannot clean up after itself.
+      with self._lock:
+        self._dying.remove(entry)
+    elif now >= when and stage == 'stop':
+      process.terminate()
+      entry[1:] = [now + self._grace_s, 'term']
+    elif now >= when and stage == 'term':
+      process.kill()
+      entry[1:] = [now + 5.0, 'kill']
 
   def close(self, timeout_s: float) -> None:
     self._closing.set()

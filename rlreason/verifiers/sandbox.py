@@ -3,14 +3,18 @@
   result = sandbox.run_python('print(sum(range(10)))')
   result.status, result.stdout  # ('ok', '45\\n')
 
-Each run gets a fresh private directory (removed afterwards, also when the pool kills
-the worker mid-run), a scrubbed environment (PATH, HOME, LANG only), its input on a stdin
-pipe that is closed once written, and rlimits on CPU time, address space, processes, file
-size and open files; the output it keeps is capped. Three isolation levels, chosen once
-per process by `isolation()`:
+Each run gets a fresh private directory (removed afterwards without recursion, however
+deep the tree the program left, also when the pool kills the worker mid-run), a scrubbed
+environment (PATH, HOME, LANG only), its input on a stdin pipe that is closed once written,
+rlimits on address space, processes, file size and open files, a CPU budget for the whole
+process tree (sandbox_init.py sums it; RLIMIT_CPU is per process), and the seccomp filter
+of syscall_filter.py (no new processes unless `new_processes=True`, no exec, no SysV IPC or
+message queues, no socket(), no ptrace, namespaces or mounts); the output it keeps is
+capped. Three isolation levels, chosen once per process by `isolation()`:
 
   'namespaces' (root, and `unshare` works, as on rlreason's machines and CI): new pid,
-      mount and network namespaces (no interface but a down loopback: no network at all);
+      mount, network, IPC and UTS namespaces (no interface but a down loopback: no network
+      at all; IPC objects die with the namespace);
       a private root holding only read-only binds of the system (/usr, the libraries, the
       interpreter's installation without its site-packages, /dev/null and friends) and the
       writable private directory, so nothing else of the host can be read or written; the
@@ -19,9 +23,11 @@ per process by `isolation()`:
       Landlock is added where the kernel has it.
   'landlock' (not root, Linux >= 6.12): the program's process restricts itself with
       Landlock to reading the same system paths and writing its private directory, no
-      signals out of its domain, no abstract unix sockets out, no TCP; plus rlimits and a
-      new session killed as a group. Weaker: it shares the host's pid and network
-      namespaces (other processes are listed, UDP is not blocked at the OS level).
+      signals out of its domain, no abstract unix sockets out, no TCP; the seccomp filter
+      refuses every socket (UDP, host unix sockets such as ssh-agent's) and SysV IPC;
+      sandbox_init is a child subreaper that kills every descendant, also one started in
+      a new session. Weaker: it shares the host's pid namespace (other processes are
+      listed) and, where the kernel refuses seccomp, UDP and unix sockets are open.
   'rlimits' (anything else): rlimits, a new session killed as a group and the Python audit
       hook below; nothing at the OS level stops reads of host files, signals to the user's
       processes, or files created by C code (os.mkfifo has no audit event). This level is
@@ -33,12 +39,13 @@ Python programs also run under an audit hook that ends the process (exit 86, sta
 gc's object walks (the only way to reach the hook), writes outside the private directory and
 reads outside it and the standard library (and any /proc/<pid>): the OS layer enforces,
 the hook names the cause. The hook holds no mutable state, so nothing reachable from
-inside can switch it off.
-Statuses: ok, timeout (wall clock or CPU), memory, violation (rule or file-size limit),
-error (nonzero exit or a crash), refused (weak isolation not allowed).
+inside can switch it off. Interpreter internals raise no audit event (`_posixsubprocess`,
+sub-interpreters, which also have no hook): the hook refuses the sub-interpreter modules,
+and the seccomp filter ends any fork or exec whatever raised it.
+Statuses: ok, timeout (wall clock or CPU), memory, violation (rule, seccomp or file-size
+limit), error (nonzero exit or a crash), refused (weak isolation not allowed).
 
-Deliberately not here: judging the program's output (python_tests.py, prolog.py), or a
-seccomp filter.
+Deliberately not here: judging the program's output (python_tests.py, prolog.py).
 """
 
 import dataclasses
@@ -52,18 +59,21 @@ import selectors
 import shutil
 import signal
 import subprocess
+import stat
 import sys
 import tempfile
 import time
 from typing import Mapping, Sequence
 
 from rlreason.verifiers import sandbox_init
+from rlreason.verifiers import syscall_filter
 
 _INIT = str(pathlib.Path(__file__).with_name('sandbox_init.py'))
 WEAK_ENV = 'RLREASON_SANDBOX_WEAK'
 _DIR_PREFIX = 'rlreason-sandbox-'
 VIOLATION_EXIT, MEMORY_EXIT = 86, 87
-_NAMESPACES = ('unshare', '--net', '--mount', '--pid', '--fork', '--kill-child', '--mount-proc')
+_NAMESPACES = ('unshare', '--net', '--mount', '--pid', '--ipc', '--uts', '--fork', '--kill-child',
+               '--mount-proc')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +97,7 @@ class SandboxResult:
   detail: str
   wall_s: float
   isolation: str
+  cpu_s: float = 0.0  # of the whole process tree
 
 
 @functools.cache
@@ -115,11 +126,27 @@ def _namespaces_work() -> bool:
 
 
 WEAKER = {
-    'landlock': 'Landlock without namespaces: host processes are visible and UDP is not '
-                'blocked at the OS level',
+    'landlock': 'Landlock without namespaces: host processes are visible',
     'rlimits': 'rlimits and a Python audit hook only: sandboxed code can read host files, '
                'signal your processes and create files from C code',
 }
+NO_SECCOMP = ('no seccomp filter on this machine: fork/exec through interpreter internals, '
+              'SysV IPC and message queues (state that outlives a run), ptrace and sockets '
+              '(UDP, host unix sockets unless in namespaces) are NOT refused by the kernel; '
+              'only the Python audit hook stops them')
+
+
+@functools.cache
+def seccomp_works() -> bool:
+  """Whether sandbox_init can install syscall_filter's filter here (probed once, in a child)."""
+  if not syscall_filter.supported():
+    return False
+  try:
+    probe = subprocess.run([python_interpreter(), '-I', '-S', syscall_filter.__file__],
+                           capture_output=True, timeout=30)
+  except (OSError, subprocess.TimeoutExpired):
+    return False
+  return probe.returncode == 0
 
 
 def weak_allowed() -> bool:
@@ -134,6 +161,8 @@ def check_isolation(*, allow_weak: bool | None = None, what: str = 'model-writte
   level = isolation()
   if allow_weak:
     os.environ[WEAK_ENV] = 'allow'
+  if not seccomp_works():
+    print(f'*** rlreason sandbox for {what}: {NO_SECCOMP}. ***', file=sys.stderr, flush=True)
   if level != 'namespaces':
     banner = f'*** rlreason sandbox for {what}: isolation {level!r}: {WEAKER[level]}. ***'
     if level == 'rlimits' and not weak_allowed():
@@ -186,7 +215,79 @@ def python_interpreter() -> str:
 def remove_worker_dirs(pid: int) -> None:
   """Removes the private directories a (dead) worker process left behind."""
   for path in glob.glob(os.path.join(tempfile.gettempdir(), f'{_DIR_PREFIX}{pid}-*')):
-    shutil.rmtree(path, ignore_errors=True)
+    remove_tree(path)
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_dir(name: str, parent_fd: int | None) -> int:
+  try:
+    return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+  except PermissionError:  # not root, and the program took our permissions away.
+    os.chmod(name, 0o700, dir_fd=parent_fd)
+    return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+
+
+def _unlink(name: str, fd: int) -> None:
+  try:
+    os.unlink(name, dir_fd=fd)
+  except PermissionError:
+    os.chmod(fd, 0o700)
+    os.unlink(name, dir_fd=fd)
+  except FileNotFoundError:
+    pass
+
+
+def remove_tree(path: str) -> bool:
+  """Removes path and all below it; True when it is gone. Never raises.
+
+  Iterative and relative to directory descriptors: a program can leave a tree deeper than
+  Python's recursion limit (shutil.rmtree recurses) or than PATH_MAX, directories without
+  permissions, symlinks (removed, never followed) and unwritable files. One descriptor is
+  open at a time; `..` leads back up.
+  """
+  names, fd = [], None
+  try:
+    try:
+      mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+      return True
+    if not stat.S_ISDIR(mode):
+      os.unlink(path)
+      return True
+    fd = _open_dir(path, None)
+    while True:
+      child = None
+      with os.scandir(fd) as entries:
+        for entry in entries:
+          if entry.is_dir(follow_symlinks=False):
+            child = entry.name
+            break
+          _unlink(entry.name, fd)
+      if child is not None:
+        below = _open_dir(child, fd)
+        os.close(fd)
+        fd = below
+        names.append(child)
+        continue
+      if not names:
+        break
+      above = os.open('..', _DIR_FLAGS, dir_fd=fd)
+      os.close(fd)
+      fd = above
+      os.rmdir(names.pop(), dir_fd=fd)
+    os.close(fd)
+    fd = None
+    os.rmdir(path)
+    return True
+  except Exception as e:  # pylint: disable=broad-except
+    print(f'rlreason sandbox: cannot remove {path}: {type(e).__name__}: {e}', file=sys.stderr,
+          flush=True)
+    return False
+  finally:
+    if fd is not None:
+      os.close(fd)
 
 
 def _write_files(workdir: str, files: Mapping[str, str | bytes], uid: int | None) -> None:
@@ -250,8 +351,13 @@ def _classify(report: dict | None, stderr: bytes, timed_out: bool, limits: Limit
   sig, code = report.get('signal'), report.get('exit_code')
   if report['wall_timeout']:
     return 'timeout', f'wall clock over {limits.wall_s:g}s'
+  if report.get('cpu_limit'):
+    return 'timeout', f'CPU time over {limits.cpu_s}s (all processes of the run together)'
   if sig == signal.SIGXCPU or (sig == signal.SIGKILL and report['cpu_s'] >= limits.cpu_s - 0.05):
     return 'timeout', f'CPU time over {limits.cpu_s}s'
+  if sig == signal.SIGSYS:
+    return 'violation', 'SANDBOX_VIOLATION a forbidden system call (seccomp: new process, exec, ' \
+                        'IPC, ptrace, namespace or mount)'
   if code == VIOLATION_EXIT or b'SANDBOX_VIOLATION' in stderr[-4096:]:
     line = stderr[stderr.rfind(b'SANDBOX_VIOLATION'):].split(b'\n', 1)[0]
     return 'violation', line.decode('utf-8', 'replace') or 'sandbox rule'
@@ -266,8 +372,12 @@ def _classify(report: dict | None, stderr: bytes, timed_out: bool, limits: Limit
 
 def run(argv: Sequence[str], *, files: Mapping[str, str | bytes] = {},  # pylint: disable=dangerous-default-value
         limits: Limits = Limits(), stdin: str | bytes | None = None,
-        env: Mapping[str, str] | None = None) -> SandboxResult:
-  """Runs argv (argv[0] an absolute path) in a private directory holding `files`."""
+        env: Mapping[str, str] | None = None, new_processes: bool = False) -> SandboxResult:
+  """Runs argv (argv[0] an absolute path) in a private directory holding `files`.
+
+  new_processes=True lets the program fork and exec (a shell script); their CPU time counts
+  against limits.cpu_s together, and every one of them is killed at the end.
+  """
   start = time.monotonic()
   mode = isolation()
   if mode == 'rlimits' and not weak_allowed():
@@ -291,6 +401,7 @@ def run(argv: Sequence[str], *, files: Mapping[str, str | bytes] = {},  # pylint
         'namespaces': mode == 'namespaces', 'workdir': workdir, 'uid': uid,
         'argv': list(argv), 'status_fd': status_w, 'wall_s': limits.wall_s,
         'newroot': newroot, 'read_paths': list(read_paths), 'hidden_paths': list(hidden),
+        'cpu_s': limits.cpu_s, 'new_processes': new_processes, 'seccomp': seccomp_works(),
         'device_paths': _DEVICES, 'landlock': mode != 'rlimits',
         'require_landlock': mode == 'landlock',
         'env': {'PATH': '/usr/local/bin:/usr/bin:/bin', 'HOME': workdir, 'TMPDIR': workdir,
@@ -328,7 +439,8 @@ def run(argv: Sequence[str], *, files: Mapping[str, str | bytes] = {},  # pylint
                                         else -report['signal'])
     return SandboxResult(status, code, stdout.decode('utf-8', 'replace'),
                          stderr.decode('utf-8', 'replace'), truncated, detail,
-                         time.monotonic() - start, mode)
+                         time.monotonic() - start, mode,
+                         0.0 if report is None else float(report.get('cpu_s', 0.0)))
   finally:
     if proc is not None and proc.poll() is None:
       try:
@@ -339,8 +451,8 @@ def run(argv: Sequence[str], *, files: Mapping[str, str | bytes] = {},  # pylint
     for fd in (status_r, status_w):
       if fd >= 0:
         os.close(fd)
-    shutil.rmtree(workdir, ignore_errors=True)
-    shutil.rmtree(newroot, ignore_errors=True)
+    remove_tree(workdir)
+    remove_tree(newroot)
 
 
 # Runs main.py from the private directory under an audit hook; see the module docstring.
@@ -366,7 +478,14 @@ def _sandbox_rules():
   mutate = frozenset(('os.remove', 'os.rename', 'os.rmdir', 'os.mkdir', 'os.symlink', 'os.link',
                       'os.chmod', 'os.chown', 'os.truncate', 'os.utime', 'shutil.rmtree'))
   pairs = frozenset(('os.rename', 'os.link', 'os.symlink'))
-  blocked_modules = frozenset(('ctypes', '_ctypes', 'cffi', 'sqlite3', '_sqlite3'))
+  # Sub-interpreters start without this hook; the _test* modules reach C internals;
+  # _posixshmem's segments outlive the run where /dev/shm is the host's.
+  blocked_modules = frozenset(('ctypes', '_ctypes', 'cffi', 'sqlite3', '_sqlite3',
+                               '_xxsubinterpreters', '_interpreters', '_xxinterpchannels',
+                               '_interpchannels', '_interpqueues', '_testcapi',
+                               '_testinternalcapi', '_testmultiphase', '_testsinglephase',
+                               '_testbuffer', '_testimportmultiple', '_testclinic',
+                               '_posixshmem'))
   writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
   realpath, join, write, exit_now = os.path.realpath, os.path.join, os.write, os._exit
   def stop(what):

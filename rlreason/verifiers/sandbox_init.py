@@ -1,24 +1,31 @@
 """The first process inside a sandbox: lock the filesystem, drop privileges, run, report.
 
 Run by sandbox.py as `python -I -S sandbox_init.py CONFIG_JSON`, as root inside fresh
-pid/mount/network namespaces when the machine allows them (then this is pid 1, and the
-kernel kills every process left in the namespace when it exits), else directly. It
+pid/mount/network/IPC/UTS namespaces when the machine allows them (then this is pid 1, and
+the kernel kills every process left in the namespace when it exits), else directly (then it
+is a child subreaper, so whatever its tree starts, in a new session or not, stays its
+descendant). It
 
   1. (namespaces) builds a private root: a tmpfs holding read-only bind mounts of the
      paths the program needs (the system's /usr and libraries, the interpreter's
      installation minus its site-packages, a few /dev nodes), the work directory
      (writable) and a fresh /proc of the new pid namespace, then pivots into it: the
-     project, home, other users' files and the host's /proc no longer exist;
+     project, home, other users' files, /dev/shm and the host's /proc no longer exist;
   2. forks the target, which sets rlimits, drops to a throwaway uid, sets no_new_privs,
      (where the kernel has Landlock ABI >= 6) restricts itself to reading those paths and
      writing the work directory, sending no signal out of its domain and opening no TCP
-     connection, and execs the target command;
-  3. waits under a wall-clock alarm, writes a JSON report (exit code, signal, CPU time,
-     mount and Landlock errors) to the status pipe, and (no namespaces, but root) kills
-     whatever the throwaway uid still runs.
+     connection, installs the seccomp filter of syscall_filter.py and execs the target;
+  3. waits under a wall-clock deadline, summing the CPU time of the whole tree (what it
+     reaped plus every live descendant's, from /proc, every POLL_S): RLIMIT_CPU is per
+     process, so children would multiply the budget; at the budget or the deadline it
+     kills the tree. Then it writes a JSON report (exit code, signal, CPU time of the tree,
+     which limit ended it) to the status pipe and kills whatever is left: every process
+     of the namespace (namespaces), every descendant and (as root) every process of the
+     throwaway uid (otherwise).
 
-Standard library only, no imports from rlreason: it runs with -I -S. Deliberately not
-here: deciding what the outcome means (sandbox.py does that).
+Standard library only, no imports from rlreason: it runs with -I -S (syscall_filter.py, a
+standard-library module beside it, is loaded by path). Deliberately not here: deciding what
+the outcome means (sandbox.py does that).
 """
 
 import ctypes
@@ -27,10 +34,16 @@ import os
 import resource
 import signal
 import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import syscall_filter  # pylint: disable=wrong-import-position
+
+POLL_S = 0.05
 
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC = 1, 2, 4, 32, 4096, 16384
 _MS_NOEXEC, _MNT_DETACH = 8, 2
-_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER = 38, 36
 _SYS_PIVOT_ROOT = {'x86_64': 155, 'aarch64': 41}
 # Landlock (linux/landlock.h): syscalls, access rights, the rule type, scopes.
 _LL_CREATE, _LL_ADD_RULE, _LL_RESTRICT = 444, 445, 446
@@ -145,6 +158,7 @@ def private_root(newroot, workdir, read_paths, hidden):
 
 
 def _exec_target(config):
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})  # the mask survives exec.
   os.chdir(config['workdir'])
   for name, (soft, hard) in config['rlimits'].items():
     resource.setrlimit(getattr(resource, 'RLIMIT_' + name), (soft, hard))
@@ -161,7 +175,70 @@ def _exec_target(config):
         raise
       os.write(2, f'sandbox_init: Landlock not applied: {e}\n'.encode())
   os.umask(0o077)
+  if config['seccomp']:  # sandbox.py's probe says the kernel has it: failing here is fatal.
+    syscall_filter.execve(config['argv'][0], config['argv'], config['env'],
+                          new_processes=config['new_processes'])
   os.execve(config['argv'][0], config['argv'], config['env'])
+
+
+def _processes(candidates):
+  """{pid: (parent pid, CPU seconds with what it reaped)} of the live, non-zombie processes."""
+  tick = os.sysconf('SC_CLK_TCK')
+  out = {}
+  for entry in candidates:
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f'/proc/{entry}/stat', 'rb') as f:
+        fields = f.read().rsplit(b')', 1)[1].split()
+    except (OSError, ValueError):
+      continue
+    if fields[0] not in (b'Z', b'X'):  # utime, stime, cutime, cstime are fields 14-17.
+      out[int(entry)] = (int(fields[1]), sum(int(x) for x in fields[11:15]) / tick)
+  return out
+
+
+def _descendants(processes):
+  me, found, frontier = os.getpid(), set(), {os.getpid()}
+  while frontier:
+    frontier = {p for p, (parent, _) in processes.items() if parent in frontier} - found - {me}
+    found |= frontier
+  return found
+
+
+def _kill_tree(config):
+  """Kills every descendant (orphans come back to this subreaper) until none is left."""
+  for _ in range(100):
+    if config['namespaces']:  # as pid 1: everything in the namespace but this process.
+      try:
+        os.kill(-1, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+    tree = _descendants(_processes(os.listdir('/proc')))
+    if not tree:
+      return
+    for pid in tree:
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+    _reap(None)
+    time.sleep(0.002)
+
+
+def _reap(target):
+  """Reaps every exited child; returns (CPU seconds of those, the target's wait status)."""
+  cpu, status = 0.0, None
+  while True:
+    try:
+      pid, code, usage = os.wait4(-1, os.WNOHANG)
+    except ChildProcessError:
+      return cpu, status
+    if pid == 0:
+      return cpu, status
+    cpu += usage.ru_utime + usage.ru_stime
+    if pid == target:
+      status = code
 
 
 def _kill_uid(uid):
@@ -178,10 +255,35 @@ def _kill_uid(uid):
     os.waitpid(pid, 0)
 
 
+def _supervise(pid, config, report):
+  """Waits for the target under the wall-clock deadline and the tree's CPU budget."""
+  deadline = time.monotonic() + config['wall_s']
+  reaped, status = 0.0, None
+  while status is None:
+    cpu, status = _reap(pid)
+    reaped += cpu
+    if status is not None:
+      break
+    # Without new processes (the seccomp filter) the tree is the target alone.
+    live = _processes(os.listdir('/proc') if config['new_processes'] else [str(pid)])
+    tree = _descendants(live) if config['new_processes'] else set(live)
+    report['cpu_s'] = reaped + sum(live[p][1] for p in tree)
+    now = time.monotonic()
+    if report['cpu_s'] >= config['cpu_s'] and not report['cpu_limit']:
+      report['cpu_limit'] = True
+      _kill_tree(config)
+    elif now >= deadline and not report['wall_timeout']:
+      report['wall_timeout'] = True
+      _kill_tree(config)
+    signal.sigtimedwait({signal.SIGCHLD}, max(0.001, min(POLL_S, deadline - now)))
+  report['cpu_s'] = max(report['cpu_s'], reaped)
+  return status
+
+
 def main():
   config = json.loads(sys.argv[1])
   status_fd = config['status_fd']
-  report = {'mount_errors': [], 'wall_timeout': False}
+  report = {'mount_errors': [], 'wall_timeout': False, 'cpu_limit': False, 'cpu_s': 0.0}
   if config['namespaces']:
     try:
       private_root(config['newroot'], config['workdir'],
@@ -189,6 +291,9 @@ def main():
     except OSError as e:  # no report: sandbox.py counts the run as an error, nothing ran.
       os.write(2, f'sandbox_init: cannot build the private root: {e}\n'.encode())
       os._exit(1)
+  else:
+    _check(_libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), 'child subreaper')
+  signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # for sigtimedwait.
   pid = os.fork()
   if pid == 0:
     try:
@@ -197,19 +302,10 @@ def main():
     except BaseException as e:  # pylint: disable=broad-except
       os.write(2, f'sandbox_init: cannot start {config["argv"][0]}: {e}\n'.encode())
     os._exit(127)
-
-  def on_alarm(*_):
-    report['wall_timeout'] = True
-    os.kill(pid, signal.SIGKILL)
-
-  signal.signal(signal.SIGALRM, on_alarm)
-  signal.setitimer(signal.ITIMER_REAL, config['wall_s'])
-  _, status, usage = os.wait4(pid, 0)
-  signal.setitimer(signal.ITIMER_REAL, 0)
+  status = _supervise(pid, config, report)
   report['exit_code'] = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
   report['signal'] = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
-  report['cpu_s'] = usage.ru_utime + usage.ru_stime
-  report['max_rss_kib'] = usage.ru_maxrss
+  _kill_tree(config)
   if not config['namespaces'] and config['uid'] is not None:
     _kill_uid(config['uid'])
   os.write(status_fd, json.dumps(report).encode())

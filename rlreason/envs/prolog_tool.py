@@ -2,9 +2,11 @@
 
 The session holds the program text consulted so far; nothing runs in this process. Each
 call is one swipl run in the sandbox (verifiers/sandbox.py), isolated as verifiers/prolog.py
-is: the accumulated program is loaded with `sandboxed(true)`, a goal must pass
-library(sandbox)'s safe_goal/1 (shell/1, open/3 and friends are a sandbox_violation), and
-it runs under call_with_time_limit and an inference limit (either is a timeout).
+is: verifiers/prolog_loader.py reads the accumulated program into a module of its own (no
+clause, directive or hook of it can redefine a driver helper; a directive runs only if
+library(sandbox)'s safe_goal/1 accepts it), a goal is read and run in that module and must
+pass safe_goal/1 (shell/1, open/3 and friends are a sandbox_violation), and it runs under
+call_with_time_limit and an inference limit (either is a timeout).
 
   consult(program)  checks the new clauses for syntax errors (tool_failed, nothing kept),
                     loads old + new, and keeps them. Consulting adds clauses, as if the
@@ -17,11 +19,11 @@ Errors raised by the goal are shown as their Prolog term (e.g. existence_error(.
 the toplevel's prose. Not here: retract across calls, stdin, the toplevel's residual goals.
 """
 
-import secrets
 import shutil
 from typing import Any, Mapping
 
 from rlreason.envs import base
+from rlreason.verifiers import prolog_loader
 from rlreason.verifiers import sandbox
 
 MAX_SOLUTIONS = 10
@@ -30,22 +32,16 @@ TIME_LIMIT_S = 2.0
 INFERENCE_LIMIT = 10_000_000
 LIMITS = sandbox.Limits(cpu_s=4, wall_s=6.0, memory_bytes=1 << 30, output_bytes=32 << 10)
 
-# %(nonce)s tags the driver's report lines, so a program that prints look-alikes is ignored.
-_DRIVER = r'''
-:- use_module(library(sandbox)).
-:- use_module(library(lists)).
-:- use_module(library(apply)).
-:- use_module(library(aggregate)).
-:- dynamic rlr_violation/0, rlr_load_error/1.
+# The driver's own part; prolog_loader.loader() puts the program into its own module. The
+# nonce that tags its report lines (so a program printing look-alikes is ignored) comes on
+# stdin and stays in rlr_main's variables; %(mode)s is consult or query.
+_MAIN = r'''
 :- initialization(rlr_main, main).
 
-user:message_hook(error(permission_error(_, sandboxed, _), _), _, _) :-
-  assertz(rlr_violation), fail.
-
-rlr_say(Key, Value) :- format(user_output, "~n%(nonce)s ~w ~w~n", [Key, Value]).
+rlr_say(N, Key, Value) :- format(user_output, "~n~w ~w ~w~n", [N, Key, Value]).
 
 rlr_read_errors(S, Errors) :-
-  catch((read_term(S, T, [syntax_errors(error)]), E = none), E, true),
+  catch((read_term(S, T, [syntax_errors(error), quasi_quotations(_)]), E = none), E, true),
   (   E = error(syntax_error(What), Where) -> rlr_line(Where, L), Errors = [L-What|Rest],
       rlr_read_errors(S, Rest)
   ;   E \== none -> Errors = ['?'-E]
@@ -57,16 +53,16 @@ rlr_line(file(_, L, _, _), L) :- !.
 rlr_line(_, '?').
 
 rlr_main :-
+  read_line_to_string(user_input, N), catch(delete_file('driver.pl'), _, true),
   open('new.pl', read, S), rlr_read_errors(S, Errors), close(S),
   (   Errors \== []
   ->  forall(member(L-W, Errors), (format(atom(A), "line ~w: ~q", [L, W]),
-                                   rlr_say(syntax_error, A)))
-  ;   catch(load_files(user:'program.pl', [sandboxed(true), silent(true)]), E,
-            assertz(rlr_load_error(E))),
-      (   rlr_violation -> rlr_say(outcome, violation)
-      ;   rlr_load_error(E) -> format(atom(A), "~q", [E]), rlr_say(load_error, A)
-      ;   %(mode)s == consult -> rlr_say(outcome, loaded)
-      ;   rlr_query
+                                   rlr_say(N, syntax_error, A)))
+  ;   rlr_program_module(M), rlr_load('program.pl', M, _, _, Load),
+      (   Load = violation(Why) -> rlr_say(N, why, Why), rlr_say(N, outcome, violation)
+      ;   Load = limit(Limit) -> rlr_say(N, outcome, Limit)
+      ;   %(mode)s == consult -> rlr_say(N, outcome, loaded)
+      ;   rlr_query(N, M)
       )
   ),
   halt(0).
@@ -74,36 +70,39 @@ rlr_main :-
 rlr_named(Name=_) :- \+ sub_atom(Name, 0, _, _, '_').
 rlr_binding(Name=Value, Text) :-
   format(atom(Text), "~w = ~W", [Name, Value, [quoted(true), portray(true), max_depth(30)]]).
-rlr_solution([]) :- !, rlr_say(solution, true).
-rlr_solution(Bindings) :-
+rlr_solution(N, []) :- !, rlr_say(N, solution, true).
+rlr_solution(N, Bindings) :-
   maplist(rlr_binding, Bindings, Texts), atomic_list_concat(Texts, ', ', Line),
-  rlr_say(solution, Line).
+  rlr_say(N, solution, Line).
 
-rlr_query :-
+rlr_query(N, M) :-
   open('goal.pl', read, S),
-  catch(read_term(S, G, [variable_names(Vs), syntax_errors(error)]), E, true), close(S),
-  (   nonvar(E) -> format(atom(A), "~q", [E]), rlr_say(goal_error, A)
-  ;   var(G) -> rlr_say(goal_error, 'the goal is a variable')
-  ;   catch((safe_goal(user:G), Unsafe = none), Unsafe, true), Unsafe \== none
+  catch(read_term(S, G, [module(M), variable_names(Vs), syntax_errors(error),
+                         quasi_quotations(Q)]), E, true), close(S),
+  (   nonvar(E) -> format(atom(A), "~q", [E]), rlr_say(N, goal_error, A)
+  ;   var(G) -> rlr_say(N, goal_error, 'the goal is a variable')
+  ;   Q \== [] -> rlr_say(N, why, quasi_quotation), rlr_say(N, outcome, violation)
+  ;   catch((safe_goal(M:G), Unsafe = none), Unsafe, true), Unsafe \== none
   ->  (   Unsafe = error(existence_error(procedure, _), _)
-      ->  format(atom(A), "~q", [Unsafe]), rlr_say(error, A)
-      ;   rlr_say(outcome, violation)
+      ->  format(atom(A), "~q", [Unsafe]), rlr_say(N, error, A)
+      ;   rlr_why(Unsafe, G, Why), rlr_say(N, why, Why), rlr_say(N, outcome, violation)
       )
   ;   include(rlr_named, Vs, Named),
       catch(with_output_to(string(Out),
               call_with_time_limit(%(time_limit)s, call_with_inference_limit(
-                  once(findnsols(%(solutions)d, Named, user:G, Sols)), %(inferences)d, R))),
+                  once(findnsols(%(solutions)d, Named, M:G, Sols)), %(inferences)d, R))),
             E2, true),
-      (   string(Out) -> format(user_output, "~n%(nonce)s output~n~w~n%(nonce)s end~n", [Out])
+      (   string(Out) -> format(user_output, "~n~w output~n~w~n~w end~n", [N, Out, N])
       ;   true
       ),
-      (   E2 == time_limit_exceeded -> rlr_say(outcome, time_limit)
-      ;   nonvar(E2) -> format(atom(A), "~q", [E2]), rlr_say(error, A)
-      ;   R == inference_limit_exceeded -> rlr_say(outcome, inference_limit)
-      ;   maplist(rlr_solution, Sols), rlr_say(outcome, done)
+      (   E2 == time_limit_exceeded -> rlr_say(N, outcome, time_limit)
+      ;   nonvar(E2) -> format(atom(A), "~q", [E2]), rlr_say(N, error, A)
+      ;   R == inference_limit_exceeded -> rlr_say(N, outcome, inference_limit)
+      ;   maplist(rlr_solution(N), Sols), rlr_say(N, outcome, done)
       )
   ).
 '''
+_LOADER = prolog_loader.loader(time_limit_s=TIME_LIMIT_S, inferences=INFERENCE_LIMIT)
 
 
 class Session:
@@ -117,13 +116,11 @@ def _run(mode: str, program: str, new: str, goal: str) -> tuple[sandbox.SandboxR
   swipl = shutil.which('swipl')
   if swipl is None:
     raise base.ToolError(base.CRASH, 'prolog: swipl not found (apt-get install swi-prolog-nox)')
-  nonce = 'RLR' + secrets.token_hex(8)
-  driver = _DRIVER % {'nonce': nonce, 'mode': mode, 'time_limit': TIME_LIMIT_S,
-                      'solutions': MAX_SOLUTIONS, 'inferences': INFERENCE_LIMIT}
-  result = sandbox.run([swipl, '-q', '--no-packs', '--tty=false', '--stack-limit=256m',
-                        'driver.pl'], limits=LIMITS,
-                       files={'driver.pl': driver, 'program.pl': program, 'new.pl': new,
-                              'goal.pl': goal})
+  driver = (':- module(rlr_tool_driver, []).\n' + _LOADER +
+            _MAIN % {'mode': mode, 'time_limit': TIME_LIMIT_S, 'solutions': MAX_SOLUTIONS,
+                     'inferences': INFERENCE_LIMIT})
+  result, nonce = prolog_loader.run(swipl, driver, limits=LIMITS,
+                                    files={'program.pl': program, 'new.pl': new, 'goal.pl': goal})
   if result.status == 'timeout':
     raise base.ToolError(base.TIMEOUT, f'prolog: {result.detail}')
   if result.status in ('violation', 'memory'):
@@ -156,13 +153,12 @@ def _raise_failures(report: list[tuple[str, str]], result: sandbox.SandboxResult
     raise base.ToolError(base.TOOL_FAILED, 'prolog: syntax error(s) in the program, nothing '
                          'consulted:\n' + '\n'.join(errors[:5]))
   if keys.get('outcome') == 'violation':
-    raise base.ToolError(base.SANDBOX_VIOLATION,
-                         'prolog: not allowed in the sandbox (files, shell, network, ...)')
+    raise base.ToolError(base.SANDBOX_VIOLATION, 'prolog: not allowed in the sandbox (files, '
+                         f'shell, network, hooks, other modules ...): {keys.get("why", "?")}')
   if keys.get('outcome') in ('time_limit', 'inference_limit'):
     raise base.ToolError(base.TIMEOUT, f'prolog: {keys["outcome"].replace("_", " ")} exceeded '
                          f'({TIME_LIMIT_S:g}s, {INFERENCE_LIMIT} inferences)')
-  for key, what in (('load_error', 'loading the program failed'),
-                    ('goal_error', 'cannot read the goal'), ('error', 'the goal raised')):
+  for key, what in (('goal_error', 'cannot read the goal'), ('error', 'the goal raised')):
     if key in keys:
       raise base.ToolError(base.TOOL_FAILED, f'prolog: {what}: {keys[key]}')
   if 'outcome' not in keys:

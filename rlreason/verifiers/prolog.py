@@ -23,17 +23,19 @@ verdict's reward is 1.0 if correct else 0.0; composition.PROLOG_CURRICULUM combi
 components as suite 3 does.
 
 Isolation: swipl runs in the sandbox (sandbox.py: namespaces, throwaway uid, rlimits) with
-a stack limit; the program is loaded with `sandboxed(true)` and solve/1 must pass
-library(sandbox)'s safe_goal/1, so shell/1, file and network predicates are a
-sandbox_violation; solve/1 runs under call_with_time_limit and an inference limit
-(exceeding either is a timeout). Not here: multi-try or agentic loops from the paper.
+a stack limit; prolog_loader.py reads the program into a module of its own (not the
+driver's: no clause, directive or hook of it can redefine a driver helper), runs a
+directive only if library(sandbox)'s safe_goal/1 accepts it, and solve/1 must pass
+safe_goal/1 too, so shell/1, file and network predicates are a sandbox_violation; directives
+and solve/1 run under call_with_time_limit and an inference limit (exceeding either is a
+timeout). Not here: multi-try or agentic loops from the paper.
 """
 
 import re
-import secrets
 import shutil
 from typing import Any, Mapping
 
+from rlreason.verifiers import prolog_loader
 from rlreason.verifiers import sandbox
 from rlreason.verifiers import verdict as V
 
@@ -52,27 +54,14 @@ _STRICT = re.compile(r'\A<reasoning>\n(?>.*?\n</reasoning>\n<answer>\n).*?\n</an
 _SOFT = re.compile(r'\A(?>.*?<reasoning>)(?>.*?</reasoning>\s*<answer>).*?</answer>', re.DOTALL)
 _PREDICATE = re.compile(r'\b(\w+)\(')
 
-# %(nonce)s tags the driver's report lines, so a program that prints look-alikes is ignored.
-_DRIVER = r'''
-:- use_module(library(sandbox)).
+# The driver's own part; prolog_loader.loader() puts the program into its own module. The
+# nonce that tags its report lines (so a program printing look-alikes is ignored) comes on
+# stdin and stays in rlr_main's variables.
+_MAIN = r'''
 :- use_module(library(clpq)).
-:- use_module(library(lists)).
-:- use_module(library(apply)).
-:- use_module(library(aggregate)).
-:- dynamic rlr_violation/0.
 :- initialization(rlr_main, main).
 
-user:message_hook(error(permission_error(_, sandboxed, _), _), _, _) :-
-  assertz(rlr_violation), fail.
-
-rlr_say(Key, Value) :- format(user_output, "~n%(nonce)s ~w ~q~n", [Key, Value]).
-
-rlr_read_all(S, Terms, Errors) :-
-  catch(read_term(S, T, [syntax_errors(error)]), _, T = '$rlr_syntax_error'),
-  (   T == end_of_file -> Terms = [], Errors = 0
-  ;   T == '$rlr_syntax_error' -> rlr_read_all(S, Terms, E0), Errors is E0 + 1
-  ;   Terms = [T|Rest], rlr_read_all(S, Rest, Errors)
-  ).
+rlr_say(N, Key, Value) :- format(user_output, "~n~w ~w ~q~n", [N, Key, Value]).
 
 rlr_clause_head((H :- _), H) :- !.
 rlr_clause_head(H, H).
@@ -85,31 +74,31 @@ rlr_value(X, V) :- number(X), !, ( integer(X) -> V = X ; V is float(X) ).
 rlr_value(X, V) :- ground(X), catch(V is float(X), _, fail).
 
 rlr_main :-
-  open('program.pl', read, S), rlr_read_all(S, Terms, Errors), close(S),
+  read_line_to_string(user_input, N), catch(delete_file('driver.pl'), _, true),
+  rlr_program_module(M), M:use_module(library(clpq)),  /* {}/1 without a use_module */
+  rlr_load('program.pl', M, Terms, Errors, Load),
   include(rlr_counts_as_predicate, Terms, Preds), length(Preds, NPreds),
   include(rlr_has_constraint, Terms, Cons), length(Cons, NCons),
-  rlr_say(syntax_errors, Errors), rlr_say(predicates, NPreds), rlr_say(constraints, NCons),
-  catch(load_files(user:'program.pl', [sandboxed(true), silent(true)]), E,
-        print_message(error, E)),
-  (   rlr_violation -> rlr_say(outcome, violation)
-  ;   \+ current_predicate(user:solve/1) -> rlr_say(outcome, no_solve)
-  ;   \+ catch(safe_goal(user:solve(_)), _, fail) -> rlr_say(outcome, violation)
-  ;   (   catch(call_with_time_limit(%(time_limit)s,
-                    call_with_inference_limit(user:solve(X), %(inferences)s, R)), E2, true)
-      ->  true
-      ;   R = '$rlr_failed'
-      ),
-      (   nonvar(E2), E2 = time_limit_exceeded -> rlr_say(outcome, time_limit)
-      ;   nonvar(E2) -> print_message(error, E2), rlr_say(outcome, error)
-      ;   R == '$rlr_failed' -> rlr_say(outcome, failed)
-      ;   R == inference_limit_exceeded -> rlr_say(outcome, inference_limit)
-      ;   rlr_value(X, V) -> rlr_say(outcome, number), rlr_say(value, V)
-      ;   var(X) -> rlr_say(outcome, unbound)
-      ;   rlr_say(outcome, non_numeric)
+  rlr_say(N, syntax_errors, Errors), rlr_say(N, predicates, NPreds),
+  rlr_say(N, constraints, NCons),
+  (   Load = violation(Why) -> rlr_say(N, why, Why), rlr_say(N, outcome, violation)
+  ;   Load = limit(Limit) -> rlr_say(N, outcome, Limit)
+  ;   \+ current_predicate(M:solve/1) -> rlr_say(N, outcome, no_solve)
+  ;   catch((safe_goal(M:solve(_)), U = none), U, true), U \== none ->
+      rlr_why(U, solve(_), Why), rlr_say(N, why, Why), rlr_say(N, outcome, violation)
+  ;   rlr_limited(M:solve(X), R),
+      (   R = exception(E) -> print_message(error, E), rlr_say(N, outcome, error)
+      ;   R == failed -> rlr_say(N, outcome, failed)
+      ;   R \== true -> rlr_say(N, outcome, R)
+      ;   rlr_value(X, V) -> rlr_say(N, outcome, number), rlr_say(N, value, V)
+      ;   var(X) -> rlr_say(N, outcome, unbound)
+      ;   rlr_say(N, outcome, non_numeric)
       )
   ),
   halt(0).
 '''
+_DRIVER = (':- module(rlr_verifier_driver, []).\n' +
+           prolog_loader.loader(time_limit_s=TIME_LIMIT_S, inferences=INFERENCE_LIMIT) + _MAIN)
 
 
 def syntax_score(text: str) -> float:
@@ -173,17 +162,15 @@ def verify_prolog(item: Mapping[str, Any]) -> V.Verdict:
   swipl = shutil.which('swipl')
   if swipl is None:
     return V.failure(V.CRASH, 'swipl not found (apt-get install swi-prolog-nox)')
-  nonce = 'RLR' + secrets.token_hex(8)
-  driver = _DRIVER % {'nonce': nonce, 'time_limit': TIME_LIMIT_S, 'inferences': INFERENCE_LIMIT}
-  result = sandbox.run([swipl, '-q', '--no-packs', '--tty=false', '--stack-limit=256m',
-                        'driver.pl'], files={'driver.pl': driver, 'program.pl': code},
-                       limits=LIMITS)
+  result, nonce = prolog_loader.run(swipl, _DRIVER, files={'program.pl': code}, limits=LIMITS)
   report = _report(result.stdout, nonce)
   outcome = report.get('outcome')
   if result.status in ('timeout',) or outcome in ('time_limit', 'inference_limit'):
     return V.failure(V.TIMEOUT, outcome or result.detail)
-  if outcome == 'violation' or result.status in ('violation', 'memory'):
-    return V.failure(V.SANDBOX_VIOLATION, outcome or result.detail)
+  if outcome == 'violation':
+    return V.failure(V.SANDBOX_VIOLATION, f'violation: {report.get("why", "?")}')
+  if result.status in ('violation', 'memory'):
+    return V.failure(V.SANDBOX_VIOLATION, result.detail)
   if outcome is None:
     return V.failure(V.CRASH, f'swipl gave no report ({result.detail}): {result.stderr[-200:]}')
   correctness = 0.5

@@ -1,0 +1,206 @@
+"""The restricted loader both SWI-Prolog drivers share: a model's program in its own module.
+
+  driver = ':- module(rlr_x_driver, []).\n' + prolog_loader.LOADER % limits + my_main
+  result, nonce = prolog_loader.run(swipl, driver, files={'program.pl': code}, limits=...)
+
+verifiers/prolog.py (solve/1) and envs/prolog_tool.py (consult/query) load model-written
+Prolog this way. swipl's own loader would run the program's directives and expansion hooks
+and put its clauses beside the driver's, where a clause, `multifile`, `asserta`,
+`term_expansion` or `user:message_hook` can redefine a driver helper that then runs outside
+safe_goal/1. Here the driver is a module of its own that exports nothing, and
+rlr_load(File, M, ...) reads the program term by term into module PROGRAM_MODULE (default
+import module `system`, not `user`), never through swipl's loader:
+
+  clause / DCG rule  assertz'ed into M (no term or goal expansion runs); a head qualified
+                     with a module, or one of swipl's hooks (HOOKS), is a violation.
+  :- use_module / ensure_loaded of library(L), L in LIBRARIES: imported into M; any other
+                     file (include, consult, a path, another library) is a violation.
+  :- op(P, T, Names) defined in M only (Names qualified with a module: a violation).
+  :- dynamic / table declarations in M; discontiguous, multifile, public, meta_predicate,
+                     non_terminal, style_check and module/2 are accepted and do nothing
+                     (the program is already its own module). Qualified specs: a violation.
+  :- initialization(G[, When])  G runs after the last term, as any other directive goal.
+  any other directive goal: run in M only if library(sandbox)'s safe_goal/1 accepts it
+                     (redefine_system_predicate, shell/2, open/3, set_prolog_flag with an
+                     unsafe flag, '$set_source_module' ... are a violation), under the same
+                     time and inference limits as solve/1 or a query.
+  quasi quotations   not evaluated (a violation).
+
+The report nonce reaches the driver on stdin (read once at start, so the program finds
+stdin at its end) and lives only in the driver's local variables: it is in no file and no
+clause the program could read, and driver.pl is deleted before the program loads.
+Not here: what the drivers report (prolog.py, prolog_tool.py); the OS layer (sandbox.py).
+"""
+
+import secrets
+from typing import Mapping
+
+from rlreason.verifiers import sandbox
+
+PROGRAM_MODULE = 'rlr_program'
+LIBRARIES = ('aggregate', 'apply', 'assoc', 'clpb', 'clpfd', 'clpq', 'clpr', 'dcg/basics',
+             'dcg/high_order', 'error', 'heaps', 'lists', 'occurs', 'ordsets', 'pairs',
+             'random', 'rbtrees', 'solution_sequences', 'ugraphs', 'yall')
+HOOKS = ('term_expansion/2', 'term_expansion/4', 'goal_expansion/2', 'goal_expansion/4',
+         'message_hook/3', 'portray/1', 'exception/3', 'prolog_load_file/2',
+         'prolog_exception_hook/4', 'prolog_exception_hook/5')
+
+# %% is a literal % (the drivers fill %(time_limit)s and %(inferences)s): no % comments here.
+LOADER = r'''
+:- use_module(library(sandbox)).
+:- use_module(library(lists)).
+:- use_module(library(apply)).
+:- use_module(library(readutil)).
+
+rlr_library(L) :- memberchk(L, [%(libraries)s]).
+rlr_hook(PI) :- memberchk(PI, [%(hooks)s]).
+
+/* A fresh module for the program: it sees system's predicates and the libraries it
+   imports, not user's and not the driver's. */
+rlr_program_module(M) :-
+  M = %(module)s, set_module(M:base(system)).
+
+/* rlr_load(+File, +M, -Terms, -Errors, -Result): File's terms into module M, one by one.
+   Terms: every term read; Errors: syntax errors (such terms are skipped, as consult does);
+   Result: ok, violation(Why) or limit(time_limit|inference_limit) (a directive's goal). */
+rlr_load(File, M, Terms, Errors, Result) :-
+  setup_call_cleanup(open(File, read, S), rlr_terms(S, M, Terms, Errors, Inits, Result0),
+                     close(S)),
+  (   Result0 == ok -> rlr_inits(Inits, M, Result) ; Result = Result0 ).
+
+rlr_terms(S, M, Terms, Errors, Inits, Result) :-
+  character_count(S, C0),
+  catch(read_term(S, T, [module(M), syntax_errors(error), quasi_quotations(Q)]), E, true),
+  (   nonvar(E)
+  ->  print_message(error, E), character_count(S, C1),
+      (   C1 > C0
+      ->  rlr_terms(S, M, Terms, Errors0, Inits, Result), Errors is Errors0 + 1
+      ;   Terms = [], Errors = 1, Inits = [], Result = ok
+      )
+  ;   T == end_of_file -> Terms = [], Errors = 0, Inits = [], Result = ok
+  ;   Q \== [] -> Terms = [T], Errors = 0, Inits = [], Result = violation(quasi_quotation)
+  ;   rlr_term(T, M, Action),
+      (   Action = stop(Result) -> Terms = [T], Errors = 0, Inits = []
+      ;   ( Action = init(G) -> Inits = [G|Inits1] ; Inits = Inits1 ),
+          Terms = [T|Terms1], rlr_terms(S, M, Terms1, Errors, Inits1, Result)
+      )
+  ).
+
+rlr_inits([], _, ok).
+rlr_inits([G|Gs], M, Result) :-
+  rlr_goal(G, M, R0), ( R0 == ok -> rlr_inits(Gs, M, Result) ; Result = R0 ).
+
+/* rlr_term(+Term, +M, -Action): Action is ok, init(Goal) or stop(Result). */
+rlr_term(T, _, ok) :- var(T), !, print_message(error, error(instantiation_error, _)).
+rlr_term((:- D), M, A) :- !, rlr_directive(D, M, A).
+rlr_term((?- D), M, A) :- !, rlr_directive(D, M, A).
+rlr_term((H --> B), M, A) :- !,
+  (   catch(dcg_translate_rule((H --> B), C), E, (print_message(error, E), fail))
+  ->  rlr_clause(C, M, A)
+  ;   A = ok
+  ).
+rlr_term(C, M, A) :- rlr_clause(C, M, A).
+
+rlr_clause(C, M, A) :-
+  ( C = (H :- _) -> true ; H = C ),
+  (   ( C = _:_ ; nonvar(H), H = _:_ ) -> A = stop(violation(clause_for_another_module))
+  ;   callable(H), functor(H, N, Ar), rlr_hook(N/Ar) -> A = stop(violation(hook(N/Ar)))
+  ;   catch(assertz(M:C), E, print_message(error, E)) -> A = ok
+  ;   A = ok
+  ).
+
+rlr_directive(D, _, ok) :- var(D), !, print_message(error, error(instantiation_error, _)).
+rlr_directive(initialization(G), _, init(G)) :- !.
+rlr_directive(initialization(G, _), _, init(G)) :- !.
+rlr_directive(D, _, ok) :- rlr_no_op(D), !.
+rlr_directive(D, M, A) :- rlr_loads(D, Spec), !,
+  (   ground(Spec), Spec = library(L), rlr_library(L)
+  ->  catch(M:D, E, print_message(error, E)), A = ok
+  ;   A = stop(violation(loads(Spec)))
+  ).
+rlr_directive(op(P, T, Names), M, A) :- !,
+  (   ( atom(Names) ; is_list(Names), maplist(atom, Names) )
+  ->  catch(op(P, T, M:Names), E, print_message(error, E)), A = ok
+  ;   A = stop(violation(op_for_another_module))
+  ).
+rlr_directive(D, M, A) :- compound(D), D =.. [Decl, Specs], rlr_declaration(Decl), !,
+  (   sub_term(Q, Specs), nonvar(Q), Q = _:_ -> A = stop(violation(Decl/1))
+  ;   Decl == (dynamic) -> catch(dynamic(M:Specs), E, print_message(error, E)), A = ok
+  ;   Decl == (table) -> catch(M:table(Specs), E, print_message(error, E)), A = ok
+  ;   A = ok
+  ).
+rlr_directive(G, M, A) :- rlr_goal(G, M, R), ( R == ok -> A = ok ; A = stop(R) ).
+
+rlr_no_op(module(_, _)).
+rlr_no_op(style_check(_)).
+rlr_loads(use_module(S), S).
+rlr_loads(use_module(S, _), S).
+rlr_loads(ensure_loaded(S), S).
+rlr_loads(consult(S), S).
+rlr_loads(include(S), S).
+rlr_loads(load_files(S, _), S).
+rlr_loads(reexport(S), S).
+rlr_loads(reexport(S, _), S).
+rlr_loads(autoload(S), S).
+rlr_loads(autoload(S, _), S).
+rlr_loads([S|_], S).
+rlr_declaration(D) :-
+  memberchk(D, [(dynamic), (table), (discontiguous), (multifile), (public), (meta_predicate),
+                (non_terminal)]).
+
+/* rlr_goal(+G, +M, -Result): a directive's goal, run in M if safe_goal/1 accepts it. */
+rlr_goal(G, M, Result) :-
+  catch((safe_goal(M:G), Unsafe = none), Unsafe, true),
+  (   Unsafe == none
+  ->  rlr_limited(M:G, R),
+      (   R = exception(E) -> print_message(error, E), Result = ok
+      ;   R == failed -> print_message(warning, goal_failed(directive, M:G)), Result = ok
+      ;   R == true -> Result = ok
+      ;   Result = limit(R)
+      )
+  ;   Unsafe = error(existence_error(procedure, _), _) -> print_message(error, Unsafe),
+      Result = ok
+  ;   rlr_why(Unsafe, G, Why), Result = violation(Why)
+  ).
+
+/* rlr_why(+Error, +G, -Why): what safe_goal/1 refused in G, as unsafe(Name/Arity). */
+rlr_why(error(permission_error(_, _, What), _), _, unsafe(PI)) :- callable(What), !,
+  rlr_indicator(What, PI).
+rlr_why(_, G, unsafe(PI)) :- callable(G), !, rlr_indicator(G, PI).
+rlr_why(_, _, unsafe(variable)).
+
+rlr_indicator(Q:G, Q:N/A) :- callable(G), !, functor(G, N, A).
+rlr_indicator(G, N/A) :- functor(G, N, A).
+
+/* rlr_limited(+G, -R): once(G) under the time and inference limits; R is true, failed,
+   exception(E), time_limit or inference_limit. */
+rlr_limited(G, R) :-
+  (   catch(call_with_time_limit(%(time_limit)s,
+                call_with_inference_limit(G, %(inferences)s, R0)), E, true)
+  ->  true
+  ;   R0 = failed
+  ),
+  (   nonvar(E) -> ( E == time_limit_exceeded -> R = time_limit ; R = exception(E) )
+  ;   R0 == inference_limit_exceeded -> R = inference_limit
+  ;   R0 == failed -> R = failed
+  ;   R = true
+  ).
+'''
+
+
+def loader(*, time_limit_s: float, inferences: int) -> str:
+  """LOADER with its limits and lists filled in."""
+  return LOADER % {'libraries': ', '.join(f'({lib})' for lib in LIBRARIES),
+                   'hooks': ', '.join(HOOKS), 'module': PROGRAM_MODULE,
+                   'time_limit': time_limit_s, 'inferences': inferences}
+
+
+def run(swipl: str, driver: str, *, files: Mapping[str, str],
+        limits: sandbox.Limits) -> tuple[sandbox.SandboxResult, str]:
+  """swipl runs `driver` (driver.pl) in the sandbox beside `files`; the report nonce goes
+  to it on stdin. Returns the result and the nonce its report lines start with."""
+  nonce = 'RLR' + secrets.token_hex(8)
+  result = sandbox.run([swipl, '-q', '--no-packs', '--tty=false', '--stack-limit=256m',
+                        'driver.pl'], files={**files, 'driver.pl': driver},
+                       stdin=nonce + '\n', limits=limits)
+  return result, nonce

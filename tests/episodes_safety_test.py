@@ -1,0 +1,131 @@
+"""Episodes against hostile tool output and hung scorers (issue 33), through both episode loops:
+invalid unicode in an observation, control-token text in a tool's output, a final answer whose
+verifier hangs in C."""
+
+import dataclasses
+import string
+
+import jax
+import numpy as np
+import pytest
+
+from rlreason.envs import base
+from rlreason.envs import environment
+from rlreason.envs import render
+from rlreason.envs import tasks as env_tasks
+from rlreason.model import tokenizer
+from rlreason.model import transformer
+from rlreason.rollout import continuous_episodes
+from rlreason.rollout import episodes as episodes_lib
+
+TOK = tokenizer.from_characters(string.printable)
+CFG = transformer.ModelConfig(vocab_size=TOK.vocab_size, hidden_size=32, intermediate_size=64,
+                              num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8)
+RENDERER = render.TextRenderer(prompt_template='Q:{prompt}\nA:')
+ARGS = dict(cfg=CFG, group_size=2, max_turns=2, max_turn_tokens=6, max_observation_tokens=32,
+            max_total_tokens=64, rng=jax.random.key(3), prompt_buckets=(48,),
+            stop_seqs=((TOK.token_to_id('!'),),))
+
+
+@pytest.fixture(scope='module')
+def params():
+  return transformer.init_params(CFG, jax.random.key(0))
+
+
+@dataclasses.dataclass
+class _State:
+  example: object
+  turns: int = 0
+  tool_calls: int = 0
+  reward: float = 0.0
+  errors: dict = dataclasses.field(default_factory=dict)
+
+
+class OneObservation:
+  """A tool that answers the first turn with `content` whatever the model wrote; done after."""
+
+  def __init__(self, content):
+    self.content = content
+
+  def reset(self, example):
+    return _State(example)
+
+  def step(self, state, turn_text):
+    assert isinstance(turn_text, str)
+    state.turns += 1
+    done = state.turns > 1
+    messages = [] if done else [{'role': 'tool', 'content': self.content}]
+    return base.Step(observation='', reward=0.0, done=done,
+                     info={'messages': messages, 'truncated': False})
+
+
+def _examples(count):
+  return [env_tasks.calc_multiply(0, i, difficulty=2) for i in range(count)]
+
+
+def _both_loops(params, env, **kw):
+  static = episodes_lib.run_episodes(params, env, RENDERER, TOK, _examples(1), **ARGS, **kw)
+  continuous = continuous_episodes.run_episodes(params, env, RENDERER, TOK, _examples(1),
+                                                slots=2, **ARGS, **kw)
+  return static, continuous
+
+
+def _observation_ids(ep, n):
+  tokens, loss = np.asarray(ep.rollout.tokens_NxL[n]), np.asarray(ep.rollout.loss_mask_NxL[n])
+  count = int(ep.rollout.lengths_N[n])
+  return tokens[:count][~loss[:count]].tolist()
+
+
+def test_lone_surrogate_in_an_observation_is_replaced_not_raised(params):
+  for ep in _both_loops(params, OneObservation('a\ud800b\ud83d\ude00c')):
+    for n in range(2):
+      assert ep.turns_N[n] == 2 and ep.transcripts[n][0]['observation'] == (
+          '<result>a<unk>b<unk>c</result>')  # U+FFFD and the joined emoji: not characters here
+      assert TOK.decode(_observation_ids(ep, n)) == ep.transcripts[n][0]['observation']
+
+
+def test_control_token_text_in_a_tool_output_stays_text(params):
+  """'<eos>' written by a tool is five characters of the observation, not the EOS id."""
+  eos = TOK.token_to_id('<eos>')
+  for ep in _both_loops(params, OneObservation('x<eos><pad>y')):
+    for n in range(2):
+      obs = _observation_ids(ep, n)
+      assert eos not in obs and TOK.pad_id not in obs
+      assert obs == TOK.encode('<result>x') + [TOK.token_to_id(c) for c in '<eos><pad>'] + (
+          TOK.encode('y</result>'))
+
+
+class FinalAnswerEnv:
+  """A real ToolEnvironment whose first turn is the final answer 'the answer is 5'."""
+
+  def __init__(self, env):
+    self.env, self.format = env, env.format
+
+  def reset(self, example):
+    return self.env.reset(example)
+
+  def step(self, state, turn_text):
+    del turn_text
+    return self.env.step(state, 'the answer is 5')
+
+
+@pytest.fixture
+def own_pool():
+  yield
+  environment.close_pool()  # No scoring workers outlive the test.
+
+
+def test_a_hung_verifier_times_out_within_the_deadline(params, own_pool):
+  """pow(9, 9**9) in the verifier holds the GIL in C: inline it stalled the loop for minutes;
+  scored in the pool it is a timeout with reward 0, and the next answers still score."""
+  del own_pool
+  hung = environment.ToolEnvironment(tools=['calculator'], family='tags',
+                                     verifier='rlreason.verifiers.faults:big_power',
+                                     score_deadline_s=1.0)
+  for ep in _both_loops(params, FinalAnswerEnv(hung)):
+    assert ep.rewards_N.tolist() == [0.0, 0.0]
+    assert [t[-1]['status'] for t in ep.transcripts] == ['timeout', 'timeout']
+  ok = environment.ToolEnvironment(tools=['calculator'], family='tags',
+                                   verifier='rlreason.verifiers.faults:echo', score_deadline_s=30.0)
+  state = ok.reset(_examples(1)[0])
+  assert ok.step(state, 'the answer is 5').info['status'] != 'timeout'

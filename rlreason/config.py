@@ -211,10 +211,13 @@ def default() -> ml_collections.ConfigDict:
   # 'qwen'/'llama3' render with the tokenizer's chat template); `system_prompt` 'tools' writes
   # the tags format's tool list. Transcripts of `transcripts` episodes are written at every
   # evaluation (workdir/episodes/, `python -m rlreason.episodes show WORKDIR`).
+  # tool_calls_per_turn: 'one' stops a turn at the call's end (</tool_call>, </call>), 'many'
+  # lets a turn hold parallel calls (it ends at EOS), 'family' the format's natural turn
+  # (qwen 'many'; tags and llama3 'one'), envs/formats.py.
   c.env = ml_collections.ConfigDict(dict(
       enabled=False, tools=(), family='tags', verifier='exact', max_turns=4, max_turn_tokens=64,
       max_observation_tokens=128, error_penalty=0.0, deadline_s=10.0, system_prompt='',
-      chat_kwargs={}, workers=8, transcripts=16))
+      chat_kwargs={}, workers=8, transcripts=16, tool_calls_per_turn='family'))
   # MIND (envs/patient.py, rollout/typed_episodes.py): kind 'patient' is the simulated patient
   # of data.task='patient_dx' instead of tools (options: info_gain_coef, ask_cost); state
   # 'typed' prompts every turn with the typed evidence state alone, a row per turn (its prompt

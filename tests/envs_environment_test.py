@@ -75,3 +75,15 @@ def test_start_up_errors_name_the_tool_the_verifier_and_the_corpus(tmp_path):
   missing = tmp_path / 'corpus.jsonl'
   with pytest.raises(ValueError, match='corpus.jsonl'):
     env.check_context({'corpus_path': str(missing)})
+
+
+def test_parallel_calls_answer_in_the_order_written(example):
+  """A malformed call between two good ones: three tool messages, in the turn's order (the
+  template renders the responses in that order)."""
+  env = environment.ToolEnvironment(tools=['calculator'], family='qwen', verifier='exact')
+  turn = (qwen_call('calculator', expression='2*3') + '\n<tool_call>\n{"name": \n</tool_call>\n'
+          + qwen_call('calculator', expression='4+5'))
+  step = env.step(env.reset(example), turn)
+  contents = [m['content'] for m in step.info['messages']]
+  assert contents[0] == '6' and contents[2] == '9' and 'malformed' in contents[1]
+  assert step.info['calls'] == 2 and step.info['failed'] == 1

@@ -4,8 +4,8 @@
   state = env.reset(example)
   step = env.step(state, turn_text)  # tool messages to append, or the final reward and done
 
-A turn with tool calls gets one tool message per call (results in call order; a call that
-could not be parsed, named an unknown tool or failed gets an error message instead, counted
+A turn with tool calls gets one tool message per call (in the order the calls were written,
+as the template renders their responses; a call that could not be parsed, named an unknown tool or failed gets an error message instead, counted
 by kind in `state.errors`; info['error_classes'] lists (tool, the tool's error class or None,
 the message) per failed call, for CLEANER's rollback), and the episode goes on. A turn
 without any call (or anything that looked like one) is the final answer: the verifier scores it against the example's
@@ -131,16 +131,18 @@ class ToolEnvironment:
     if state.done:
       raise ValueError('step() on a finished episode')
     state.turns += 1
-    calls, errors = self.format.parse_calls(turn_text)
-    if not calls and not errors:
+    items = self.format.parse_items(turn_text)
+    if not items:
       return self._finish(state, turn_text)
-    messages, failed, classes = [], 0, []
-    for error in errors:
-      state.errors[base.MALFORMED] += 1
-      failed += 1
-      messages.append(self.format.tool_message(f'Error: malformed tool call: {error}',
-                                               base.ToolCall('', {})))
-    for call in calls:
+    messages, failed, classes, calls = [], 0, [], 0
+    for call, error in items:  # One message per call, in the order the calls were written.
+      if call is None:
+        state.errors[base.MALFORMED] += 1
+        failed += 1
+        messages.append(self.format.tool_message(f'Error: malformed tool call: {error}',
+                                                 base.ToolCall('', {})))
+        continue
+      calls += 1
       state.tool_calls += 1
       result = base.run_tool(self.tools, state.sessions, call, context=state.example.meta,
                              max_chars=self.max_observation_chars, deadline_s=self.deadline_s)
@@ -154,7 +156,7 @@ class ToolEnvironment:
       state.done = state.truncated = True
     state.reward += reward
     return base.Step(observation='\n'.join(m['content'] for m in messages), reward=reward,
-                     done=state.done, info={'messages': messages, 'calls': len(calls),
+                     done=state.done, info={'messages': messages, 'calls': calls,
                                             'failed': failed, 'truncated': state.truncated,
                                             'error_classes': classes})
 

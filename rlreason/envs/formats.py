@@ -39,6 +39,7 @@ from typing import Any, Callable, Mapping, Sequence
 from rlreason.envs import base
 
 Parsed = tuple[list[base.ToolCall], list[str]]
+Items = list[tuple[base.ToolCall | None, str]]  # per call, in turn order: (call, '') or (None, error)
 
 _TAGS_CALL = re.compile(r'<call>(.*?)(</call>|\Z)', re.DOTALL)
 _TAGS_BODY = re.compile(r'\s*([A-Za-z_][\w.-]*)\s*:?(.*)', re.DOTALL)
@@ -67,6 +68,10 @@ def _loads(text: str, where: str) -> tuple[Any, str]:
     return None, f'{where}: invalid JSON ({e.msg} at line {e.lineno} column {e.colno})'
   except (RecursionError, ValueError) as e:  # nesting, or an integer over 4300 digits
     return None, f'{where}: unreadable JSON ({type(e).__name__}: {str(e)[:80]})'
+
+
+def _collected(parse: Callable[[str], Items]) -> Callable[[str], Parsed]:
+  return lambda text: _collect(parse(text))
 
 
 def _collect(items) -> Parsed:
@@ -111,7 +116,7 @@ def _qwen_bodies(text: str):
     pos = end + len(_QWEN_CLOSE)
 
 
-def _parse_qwen(text: str) -> Parsed:
+def _parse_qwen(text: str) -> Items:
 
   def one(i, body, closed):
     where = f'tool call {i + 1}'
@@ -124,16 +129,16 @@ def _parse_qwen(text: str) -> Parsed:
     return _call_from_object(obj, 'arguments', where) if not error else (None, error)
 
   bodies = _qwen_bodies(_after_reasoning(text))
-  return _collect(one(i, body, closed) for i, (body, closed) in enumerate(bodies))
+  return [one(i, body, closed) for i, (body, closed) in enumerate(bodies)]
 
 
-def _parse_llama3(text: str) -> Parsed:
+def _parse_llama3(text: str) -> Items:
   body = text.strip()
   for end in _LLAMA_TURN_ENDS:
     body = body.removesuffix(end).rstrip()
   body = body.removeprefix(_LLAMA_PREFIX).lstrip()
   if not body.startswith('{'):
-    return [], []  # A plain answer: Llama writes a call as the whole turn.
+    return []  # A plain answer: Llama writes a call as the whole turn.
   decoder, items, start = json.JSONDecoder(), [], 0
   while start < len(body):
     where = f'tool call {len(items) + 1}'
@@ -152,10 +157,10 @@ def _parse_llama3(text: str) -> Parsed:
     start = end
     while start < len(body) and (body[start].isspace() or body[start] == ';'):
       start += 1
-  return _collect(items)
+  return items
 
 
-def _parse_tags(text: str) -> Parsed:
+def _parse_tags(text: str) -> Items:
 
   def one(i, m):
     where = f'tool call {i + 1}'
@@ -176,7 +181,7 @@ def _parse_tags(text: str) -> Parsed:
     return base.ToolCall(head.group(1), obj), ''
 
   matches = list(_TAGS_CALL.finditer(_after_reasoning(text)))
-  return _collect(one(i, m) for i, m in enumerate(matches))
+  return [one(i, m) for i, m in enumerate(matches)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,10 +205,19 @@ class Format:
   tool_keys: tuple[str, ...]
   _parse: Callable[[str], Parsed] = dataclasses.field(repr=False)
   calls_per_turn: str = 'one'
+  _items: Callable[[str], Items] | None = dataclasses.field(default=None, repr=False)
 
   def parse_calls(self, turn_text: str) -> Parsed:
     """Every tool call in one assistant turn, and an error string per unreadable one."""
     return self._parse(turn_text)
+
+  def parse_items(self, turn_text: str) -> Items:
+    """The turn's calls in the order written: (call, '') or (None, error) each (a format
+    built from a `_parse` alone: its errors first, then its calls)."""
+    if self._items is not None:
+      return self._items(turn_text)
+    calls, errors = self._parse(turn_text)
+    return [(None, e) for e in errors] + [(c, '') for c in calls]
 
   def assistant_message(self, turn_text: str) -> dict[str, Any]:
     """The message that re-renders a sampled turn (its well-formed calls, for transcripts).
@@ -233,9 +247,12 @@ class Format:
 
 FORMATS = {
     # Qwen templates render a tool message's content only.
-    'qwen': Format('qwen', '</tool_call>', '<|im_end|>', (), _parse_qwen, 'many'),
-    'llama3': Format('llama3', '', '<|eot_id|>', (), _parse_llama3, 'one'),
-    'tags': Format('tags', '</call>', '', ('name', 'tool_call_id'), _parse_tags, 'one'),
+    'qwen': Format('qwen', '</tool_call>', '<|im_end|>', (), _collected(_parse_qwen), 'many',
+                   _parse_qwen),
+    'llama3': Format('llama3', '', '<|eot_id|>', (), _collected(_parse_llama3), 'one',
+                     _parse_llama3),
+    'tags': Format('tags', '</call>', '', ('name', 'tool_call_id'), _collected(_parse_tags), 'one',
+                   _parse_tags),
 }
 CALLS_PER_TURN = ('one', 'many')
 

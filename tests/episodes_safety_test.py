@@ -2,7 +2,6 @@
 invalid unicode in an observation, control-token text in a tool's output, a final answer whose
 verifier hangs in C."""
 
-import dataclasses
 import string
 
 import jax
@@ -32,15 +31,6 @@ def params():
   return transformer.init_params(CFG, jax.random.key(0))
 
 
-@dataclasses.dataclass
-class _State:
-  example: object
-  turns: int = 0
-  tool_calls: int = 0
-  reward: float = 0.0
-  errors: dict = dataclasses.field(default_factory=dict)
-
-
 class OneObservation:
   """A tool that answers the first turn with `content` whatever the model wrote; done after."""
 
@@ -48,7 +38,7 @@ class OneObservation:
     self.content = content
 
   def reset(self, example):
-    return _State(example)
+    return environment.EpisodeState(example)
 
   def step(self, state, turn_text):
     assert isinstance(turn_text, str)

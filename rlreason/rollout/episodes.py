@@ -9,10 +9,13 @@
 Token in, token out. Each row's prompt is rendered and encoded once (`renderer.prompt_text`),
 its G rows read the prompt's cache as one shared frozen segment (as in sampler.py). A turn
 decodes every live row until it samples an EOS or the call's closing token sequence
-(`stop_sequences`), or `max_turn_tokens`; the host decodes each row's new tokens to text and
-steps its environment, all rows' tool calls at once (a thread per row, `max_workers`); each
-observation (the template's text between this turn and the next, `renderer.observation_text`)
-is encoded and fed into that row's existing cache, never re-prefilling the conversation. Rows
+(`stop_sequences`: only when the renderer's tool_calls_per_turn is 'one'; with 'many', Qwen's
+default, a turn holds parallel calls), or `max_turn_tokens`; the host decodes each row's new
+tokens to text (invalid unicode replaced) and steps its environment, all rows' tool calls at
+once (a thread per row, `max_workers`); each observation (the template's text between this
+turn and the next, `renderer.observation_pieces`) is encoded with its messages' content as
+plain text (`tok.encode_pieces`: a tool cannot write control tokens) and fed into that row's
+existing cache, never re-prefilling the conversation. Rows
 whose episode ended wait, masked. An observation that would take the row past
 `max_total_tokens` ends its episode truncated (so does a turn that reaches it).
 

@@ -237,3 +237,21 @@ def test_control_token_text_in_a_message_is_not_a_control_token(qwen, monkeypatc
   obs, plain = observation(ep), observation(benign)
   assert [i for i in obs if i in controls] == [i for i in plain if i in controls]
   assert tok.decode(obs) == ep.transcripts[0][0]['observation'] and injected in tok.decode(obs)
+
+
+def test_feedback_turn_alone_is_an_observation(qwen):
+  """CLEANER's retry feedback is an observation of one user message (rollout/rollback.py);
+  it raised on Qwen3. It is the text transformers adds after the sampled turn."""
+  _, hf, tok, _, _ = qwen
+  env = environment.ToolEnvironment(tools=['calculator'], family='qwen', verifier='exact')
+  renderer = render.make_renderer(tok, family='qwen', tools=env.specs(), system_prompt=SYSTEM)
+  example = env_tasks.calc_multiply(0, 0, difficulty=2)
+  feedback = {'role': 'user', 'content': 'That call failed; try again.'}
+  sampled = _call('2*3')
+  observation = renderer.observation_text([feedback], ended=False)
+  messages = [{'role': 'system', 'content': SYSTEM}, {'role': 'user', 'content': example.prompt},
+              _call_message('2*3'), feedback]
+  text, _ = _hf(hf, messages, env, add_generation_prompt=True)
+  assert text == renderer.prompt_text(example) + sampled + observation
+  assert observation == ('<|im_end|>\n<|im_start|>user\nThat call failed; try again.<|im_end|>\n'
+                         '<|im_start|>assistant\n')

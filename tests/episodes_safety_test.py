@@ -2,6 +2,7 @@
 invalid unicode in an observation, control-token text in a tool's output, a final answer whose
 verifier hangs in C."""
 
+import os
 import string
 
 import jax
@@ -20,6 +21,7 @@ from rlreason.rollout import episodes as episodes_lib
 TOK = tokenizer.from_characters(string.printable)
 CFG = transformer.ModelConfig(vocab_size=TOK.vocab_size, hidden_size=32, intermediate_size=64,
                               num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8)
+DATA = os.path.join(os.path.dirname(__file__), '..', '..', 'shared', 'data')
 RENDERER = render.TextRenderer(prompt_template='Q:{prompt}\nA:')
 ARGS = dict(cfg=CFG, group_size=2, max_turns=2, max_turn_tokens=6, max_observation_tokens=32,
             max_total_tokens=64, rng=jax.random.key(3), prompt_buckets=(48,),
@@ -119,3 +121,16 @@ def test_a_hung_verifier_times_out_within_the_deadline(params, own_pool):
                                    verifier='rlreason.verifiers.faults:echo', score_deadline_s=30.0)
   state = ok.reset(_examples(1)[0])
   assert ok.step(state, 'the answer is 5').info['status'] != 'timeout'
+
+
+@pytest.mark.parametrize('path', ['qwen_tokenizer', 'sentencepiece_c4_32k/tokenizer.model'])
+def test_encode_pieces_is_encode_on_template_text_and_plain_text_on_content(path):
+  tok = tokenizer.load(os.path.join(DATA, path))
+  eos = tok.special_tokens['eos_token']
+  template = f'a{eos}\nb '
+  assert tok.encode_pieces([(template, True)]) == tok.encode(template)
+  # Runs across pieces encode as one: the same ids as the joined text when content is benign.
+  pieces = [('x', True), (' hello', False), (f' world{eos}', True)]
+  assert tok.encode_pieces(pieces) == tok.encode(f'x hello world{eos}')
+  ids = tok.encode_pieces([('x ', True), (f'y{eos}z', False)])
+  assert tok.eos_id not in ids and tok.decode(ids).endswith(f'y{eos}z')

@@ -87,3 +87,14 @@ def test_parallel_calls_answer_in_the_order_written(example):
   contents = [m['content'] for m in step.info['messages']]
   assert contents[0] == '6' and contents[2] == '9' and 'malformed' in contents[1]
   assert step.info['calls'] == 2 and step.info['failed'] == 1
+
+
+def test_a_tool_echoing_a_lone_surrogate_gives_valid_unicode(example, monkeypatch):
+  """A tool whose output holds a lone surrogate (say, echoed from the call's JSON "\\ud800"):
+  the observation and the error classes (written to transcripts as UTF-8) hold U+FFFD."""
+  monkeypatch.setattr(base, 'run_tool', lambda *a, **k: base.ToolResult(
+      'Error: no \ud800x', 'bad_arguments'))
+  env = environment.ToolEnvironment(tools=['calculator'], family='qwen', verifier='exact')
+  step = env.step(env.reset(example), qwen_call('calculator', expression='1'))
+  assert step.info['messages'][0]['content'] == 'Error: no \ufffdx'
+  json.dumps(step.info, ensure_ascii=False).encode('utf-8')  # raised UnicodeEncodeError

@@ -37,6 +37,7 @@ from typing import Any, Callable, Sequence
 from rlreason.envs import base
 from rlreason.envs import formats
 from rlreason.envs import registry
+from rlreason.envs import render
 from rlreason.verifiers import pool as pool_lib
 from rlreason.verifiers import registry as verifier_registry
 from rlreason.verifiers import verdict as verdict_lib
@@ -139,18 +140,21 @@ class ToolEnvironment:
       if call is None:
         state.errors[base.MALFORMED] += 1
         failed += 1
-        messages.append(self.format.tool_message(f'Error: malformed tool call: {error}',
+        messages.append(self.format.tool_message(render.valid_unicode(
+            f'Error: malformed tool call: {error}'),
                                                  base.ToolCall('', {})))
         continue
       calls += 1
       state.tool_calls += 1
       result = base.run_tool(self.tools, state.sessions, call, context=state.example.meta,
                              max_chars=self.max_observation_chars, deadline_s=self.deadline_s)
+      # A tool may echo a lone surrogate from the call's JSON ("\ud800"): no encoder takes it.
+      content = render.valid_unicode(result.content)
       if result.error:
         state.errors[result.error] += 1
         failed += 1
-        classes.append((call.name, result.error_class, result.content))
-      messages.append(self.format.tool_message(result.content, call))
+        classes.append((call.name, result.error_class, content))
+      messages.append(self.format.tool_message(content, call))
     reward = -self.error_penalty * failed
     if state.turns >= self.max_turns:
       state.done = state.truncated = True

@@ -2,13 +2,17 @@
 invalid unicode in an observation, control-token text in a tool's output, a final answer whose
 verifier hangs in C."""
 
+import concurrent.futures
 import os
 import string
+import threading
+import time
 
 import jax
 import numpy as np
 import pytest
 
+from rlreason.envs import answer_scoring
 from rlreason.envs import base
 from rlreason.envs import environment
 from rlreason.envs import render
@@ -17,6 +21,7 @@ from rlreason.model import tokenizer
 from rlreason.model import transformer
 from rlreason.rollout import continuous_episodes
 from rlreason.rollout import episodes as episodes_lib
+from rlreason.verifiers import verdict
 
 TOK = tokenizer.from_characters(string.printable)
 CFG = transformer.ModelConfig(vocab_size=TOK.vocab_size, hidden_size=32, intermediate_size=64,
@@ -104,7 +109,7 @@ class FinalAnswerEnv:
 @pytest.fixture
 def own_pool():
   yield
-  environment.close_pool()  # No scoring workers outlive the test.
+  answer_scoring.close_pool()  # No scoring workers outlive the test.
 
 
 def test_a_hung_verifier_times_out_within_the_deadline(params, own_pool):
@@ -134,3 +139,28 @@ def test_encode_pieces_is_encode_on_template_text_and_plain_text_on_content(path
   assert tok.encode_pieces(pieces) == tok.encode(f'x hello world{eos}')
   ids = tok.encode_pieces([('x ', True), (f'y{eos}z', False)])
   assert tok.eos_id not in ids and tok.decode(ids).endswith(f'y{eos}z')
+
+
+def test_answers_from_many_threads_are_scored_in_batches(monkeypatch):
+  """Answers arriving while a batch is scored wait and go together in the next one: a turn of
+  hung answers costs about two deadlines, not one each."""
+  batches, first = [], threading.Event()
+
+  class FakePool:
+
+    def score(self, items, *, verifier, deadline_s):
+      batches.append(len(items))
+      if len(batches) == 1:  # Hold the first batch until the other three callers queued.
+        first.set()
+        while len(answer_scoring._QUEUE) < 3:  # pylint: disable=protected-access
+          time.sleep(0.01)
+      return [verdict.failure(verdict.TIMEOUT, f'{v} {deadline_s}') for v in verifier]
+
+  monkeypatch.setattr(answer_scoring, '_pool', FakePool)
+  with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    head = pool.submit(answer_scoring.pool_scorer, [{'n': 0}], 'math', 2.0)
+    first.wait()
+    rest = [pool.submit(answer_scoring.pool_scorer, [{'n': i}], 'math', 2.0) for i in (1, 2, 3)]
+    verdicts = [head.result()] + [f.result() for f in rest]
+  assert batches == [1, 3]
+  assert [v.status for (v,) in verdicts] == ['timeout'] * 4

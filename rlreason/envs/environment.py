@@ -13,66 +13,32 @@ gold answer, and the episode is done. An episode that reaches `max_turns` turns 
 ends truncated with reward 0. The reward is the final answer's only: per-call shaping is
 `error_penalty` per failed call, 0 by default. Every call has `deadline_s` seconds
 (base.run_tool: past it, a 'timeout' error and the call's thread abandoned; None: no deadline).
-The final answer is scored in a verifier process (verifiers/pool.py, one pool shared by the
-process's environments, started at the first answer, `close_pool` stops it) within
-`score_deadline_s`: a verifier that hangs, even in C holding the GIL (sympy on 9^(9^9)),
-gives reward 0 with a timeout verdict by then, and its worker is killed, never stalling the
-episode loop's threads. Answers are scored one at a time (a lock: the pool is not
-thread-safe), so a hung one delays the others of its turn by at most its deadline. The
-string checks in INLINE_VERIFIERS (linear in the completion, which the turn budget bounds)
-run in the calling thread; `scorer` replaces both (tests).
+The final answer is scored in a verifier process (answer_scoring.py: one pool shared by the
+process's environments, `close_pool` stops it) within `score_deadline_s`: a verifier that
+hangs, even in C holding the GIL (sympy on 9^(9^9)), gives reward 0 with a timeout verdict by
+then, and never stalls the episode loop; the string checks in INLINE_VERIFIERS run in the
+calling thread; `scorer` replaces both.
 
 Deliberately not here: rendering messages to tokens (the chat template, on the episode
 loop's side), running tools concurrently across a batch (the episode loop hands calls to the
 verifier pool), or any JAX.
 """
 
-import atexit
 import collections
 import dataclasses
 import sys
-import threading
 from typing import Any, Callable, Sequence
 
+from rlreason.envs import answer_scoring
 from rlreason.envs import base
 from rlreason.envs import formats
 from rlreason.envs import registry
 from rlreason.envs import render
-from rlreason.verifiers import pool as pool_lib
 from rlreason.verifiers import registry as verifier_registry
 from rlreason.verifiers import verdict as verdict_lib
 
-# (items, verifier name, deadline_s) -> verdicts, within the deadline.
+# (items, verifier name, deadline_s) -> verdicts, within the deadline (answer_scoring.py).
 Scorer = Callable[[list[dict], str, float], list[verdict_lib.Verdict]]
-_POOL: list[pool_lib.VerifierPool] = []  # The process's scoring pool, once started.
-_POOL_LOCK = threading.Lock()
-
-
-# Verifiers that only compare strings, in time linear in the completion: scored inline.
-INLINE_VERIFIERS = frozenset({'exact', 'format'})
-
-
-def inline_scorer(items: list[dict], verifier: str, deadline_s: float) -> list[verdict_lib.Verdict]:
-  """Verdicts computed in the calling thread (for INLINE_VERIFIERS only: no deadline)."""
-  del deadline_s
-  return [verifier_registry.get_verifier(verifier)(item) for item in items]
-
-
-def close_pool() -> None:
-  """Stops the shared scoring pool, if started (the next answer starts a new one)."""
-  with _POOL_LOCK:
-    while _POOL:
-      _POOL.pop().close()
-
-
-def pool_scorer(items: list[dict], verifier: str, deadline_s: float) -> list[verdict_lib.Verdict]:
-  """Verdicts from the process's shared verifier pool (started on first use, closed at
-  exit); callers are serialised."""
-  with _POOL_LOCK:
-    if not _POOL:
-      _POOL.append(pool_lib.VerifierPool(num_workers=1, spare_workers=1))
-      atexit.register(close_pool)
-    return _POOL[0].score(items, verifier=verifier, deadline_s=deadline_s)
 
 
 @dataclasses.dataclass
@@ -106,7 +72,8 @@ class ToolEnvironment:
     self.format = formats.get(family)
     verifier_registry.check_name(verifier)
     self.verifier, self.score_deadline_s = verifier, score_deadline_s
-    self.scorer = scorer or (inline_scorer if verifier in INLINE_VERIFIERS else pool_scorer)
+    self.scorer = scorer or (answer_scoring.inline_scorer if verifier in
+                             answer_scoring.INLINE_VERIFIERS else answer_scoring.pool_scorer)
     self.max_turns, self.error_penalty = max_turns, error_penalty
     self.max_observation_chars, self.deadline_s = max_observation_chars, deadline_s
 
@@ -140,9 +107,8 @@ class ToolEnvironment:
       if call is None:
         state.errors[base.MALFORMED] += 1
         failed += 1
-        messages.append(self.format.tool_message(render.valid_unicode(
-            f'Error: malformed tool call: {error}'),
-                                                 base.ToolCall('', {})))
+        text = render.valid_unicode(f'Error: malformed tool call: {error}')
+        messages.append(self.format.tool_message(text, base.ToolCall('', {})))
         continue
       calls += 1
       state.tool_calls += 1

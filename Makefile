@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 SEED ?= 0
 WORKDIR ?= workdir/demo_seed$(SEED)
 
-.PHONY: demo demo-tools test bench clean system-deps
+.PHONY: demo demo-real demo-tools test bench clean system-deps
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,15 @@ demo: $(VENV)/.installed
 	rm -rf $(WORKDIR)
 	$(PY) -m rlreason.main --config experiments/demo.py:$(SEED) --workdir $(WORKDIR)
 	$(PY) -m experiments.demo_report --config experiments/demo.py:$(SEED) --workdir $(WORKDIR)
+
+# GRPO on a real pretrained model (SmolLM2-135M-Instruct's GGUF, its own tokenizer and chat
+# template, no SFT) on 2-digit addition; then the before/after report, transcripts and plot.
+demo-real: WORKDIR = workdir/demo_real_seed$(SEED)
+demo-real: $(VENV)/.installed
+	rm -rf $(WORKDIR)
+	$(PY) -m rlreason.main --config experiments/demo_real.py:$(SEED) --workdir $(WORKDIR)
+	$(PY) -m experiments.demo_real_report --config experiments/demo_real.py:$(SEED) \
+	  --workdir $(WORKDIR)
 
 # A tiny model learns to call the calculator it needs: SFT on a teacher that mostly guesses,
 # then GRPO on the environment's reward; then the SFT-only baseline, tool-call rates, plot.

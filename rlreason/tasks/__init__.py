@@ -14,6 +14,7 @@ verifier item and `ex.solution` scores 1 as a completion.
   group_composition  'S3: [2 1 3] [1 3 2] ='  '[2 1 3] [3 1 2] #### [3 1 2]'    k
   policy_recall      a customer request       rules, then <policies>ids</policies>  facts
   parallel_sums      'a:3141 b:5926='         'a:3489 b:5473 +92 #### 2'        digits
+  chat_arithmetic    'What is 42 + 23? ...'   '42 + 23 = 65'                    digits
 
 Not here: streaming, batching, sharding (data.py); answer checking (verifiers/).
 """
@@ -22,6 +23,7 @@ import dataclasses
 from typing import Callable
 
 from rlreason.tasks import arithmetic
+from rlreason.tasks import chat_arithmetic
 from rlreason.tasks import countdown
 from rlreason.tasks import example as example_lib
 from rlreason.tasks import group_composition
@@ -48,7 +50,7 @@ TASKS = {
     module.NAME: Task(name=module.NAME, generate=module.generate, problem_key=module.problem_key,
                       default_difficulty=module.DEFAULT_DIFFICULTY, chars=module.CHARS,
                       behaviour_mode=getattr(module, 'behaviour_mode', None))
-    for module in (arithmetic, countdown, group_composition, parallel_sums, policy_recall)
+    for module in (arithmetic, chat_arithmetic, countdown, group_composition, parallel_sums, policy_recall)
 }
 
 

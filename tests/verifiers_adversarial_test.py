@@ -13,8 +13,10 @@ from rlreason.verifiers import pool as pool_lib
 from rlreason.verifiers import sandbox
 from rlreason.verifiers import verdict as V
 
-from verifiers_pool_test import children_of
 from verifiers_pool_test import settle
+import verifiers_sandbox_escapes_test as escapes
+from verifiers_sandbox_escapes_test import sandbox_dirs
+from verifiers_sandbox_escapes_test import sandbox_processes
 
 DEFAULT = -1.0
 SECRET = 'RLREASON_ADVERSARIAL_SECRET'
@@ -39,8 +41,22 @@ CASES = {
                   V.SANDBOX_VIOLATION, 'os.fork'),
     'subprocess': ('python_tests', py('import subprocess\nsubprocess.run(["sh", "-c", "id"])'),
                    V.SANDBOX_VIOLATION, 'subprocess'),
-    'memory_bomb': ('python_tests', py('x = [bytearray(1 << 27) for _ in range(1000)]', cpu_s=3),
+    # bytes(n) maps zero pages without touching them, so only the address-space limit can
+    # end this. bytearray(n) writes its 128 MiB: the CPU time of those page faults varies
+    # with the host's memory pressure (0.26 s quiet here, 1.55 s beside two processes
+    # churning 2 GiB each), and a loaded CI machine once reached the 3 s CPU limit first:
+    # a race between two correct limits, not a change in how the memory limit trips.
+    'memory_bomb': ('python_tests', py('x = [bytes(1 << 27) for _ in range(1000)]', cpu_s=3),
                     V.SANDBOX_VIOLATION, 'memory'),
+    # Interpreter internals without audit events, state that outlives a run, a tree that
+    # broke the recursive clean-up (verifiers_sandbox_escapes_test.py has the programs).
+    'fork_exec': ('python_tests', py(escapes.FORK_EXEC), V.SANDBOX_VIOLATION, 'seccomp'),
+    'subinterpreter': ('python_tests', py(escapes.SUBINTERPRETER), V.SANDBOX_VIOLATION,
+                       '_xxsubinterpreters'),
+    'shared_memory': ('python_tests', py(escapes.SHARED_MEMORY), V.SANDBOX_VIOLATION,
+                      '_posixshmem'),
+    'deep_tree': ('python_tests', py(escapes.DEEP_TREE + 'while True:\n  pass'), V.TIMEOUT,
+                  'CPU'),
     'write_outside': ('python_tests', py(f'open({str(OUTSIDE)!r}, "w").write("x")'),
                       V.SANDBOX_VIOLATION, 'write'),
     'delete_outside': ('python_tests', py('import os\nos.remove("/etc/hostname")'),
@@ -97,46 +113,11 @@ def pool():
   os.environ.pop(SECRET)
 
 
-def sandbox_processes(timeout_s: float = 10.0) -> list[int]:
-  """Sandbox processes (throwaway uid >= 2^20) that are ours or orphaned, after settling.
-
-  Another test process on the machine may be running sandboxes right now; its processes
-  descend from it, so only our descendants and orphans (parent pid 1) count. Killed
-  processes take a moment to disappear on a loaded machine, hence the wait.
-  """
-  deadline = time.monotonic() + timeout_s
-  while True:
-    ours = children_of(os.getpid())
-    found = []
-    for entry in os.listdir('/proc'):
-      try:
-        with open(f'/proc/{entry}/status') as f:
-          fields = dict(line.split(':', 1) for line in f if ':' in line)
-        uid, ppid = int(fields['Uid'].split()[0]), int(fields['PPid'])
-      except (OSError, KeyError, ValueError):
-        continue
-      if uid >= 1 << 20 and (int(entry) in ours or ppid == 1) and 'zombie' not in fields['State']:
-        found.append(int(entry))
-    if not found or time.monotonic() > deadline:
-      return found
-    time.sleep(0.1)
-
-
-def sandbox_dirs() -> list[str]:
-  """Sandbox directories of our processes, or of processes that no longer exist."""
-  ours = children_of(os.getpid()) | {os.getpid()}
-  names = []
-  for p in TMP.glob('rlreason-sandbox-*'):
-    pid = int(p.name.split('-')[2])
-    if pid in ours or not os.path.exists(f'/proc/{pid}'):
-      names.append(p.name)
-  return names + [p.name for p in TMP.glob('rlreason-escape-*')]
-
-
 @pytest.mark.parametrize('case', sorted(CASES))
 def test_adversarial_case(pool, case):
   verifier, item, status, words = CASES[case]
   before = set(sandbox_dirs())
+  host_before = escapes.host_state()
   verdict, = pool.score([item], verifier=verifier, deadline_s=30)
   assert (verdict.status, verdict.reward) == (status, DEFAULT), verdict
   assert words.lower() in verdict.detail.lower(), verdict.detail
@@ -144,6 +125,7 @@ def test_adversarial_case(pool, case):
   assert not settle(pool)
   assert not sandbox_processes()
   assert set(sandbox_dirs()) <= before
+  assert escapes.host_state() == host_before  # no IPC object, shm file or directory left.
   start = time.monotonic()
   verdicts = pool.score(NORMAL, verifier=['math', 'python_tests'], deadline_s=30)
   assert [v.status for v in verdicts] == [V.CORRECT, V.CORRECT]

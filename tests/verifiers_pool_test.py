@@ -2,8 +2,10 @@
 
 import os
 import pathlib
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -12,28 +14,12 @@ from rlreason.verifiers import pool as pool_lib
 from rlreason.verifiers import registry
 from rlreason.verifiers import verdict as V
 
+import verifiers_sandbox_escapes_test as escapes
+from verifiers_sandbox_escapes_test import children_of
+
 F = 'rlreason.verifiers.faults:'
 REPO = pathlib.Path(__file__).resolve().parents[1]
 OK_ITEM = {'completion': 'so \\boxed{\\frac{1}{2}}', 'answer': '0.5'}
-
-
-def children_of(pid: int) -> set[int]:
-  """All live descendants of pid, from /proc."""
-  parents = {}
-  for entry in os.listdir('/proc'):
-    if entry.isdigit():
-      try:
-        with open(f'/proc/{entry}/stat') as f:
-          fields = f.read().rsplit(')', 1)[1].split()
-      except OSError:
-        continue
-      if fields[0] != 'Z':
-        parents[int(entry)] = int(fields[1])
-  found, frontier = set(), {pid}
-  while frontier:
-    frontier = {p for p, parent in parents.items() if parent in frontier} - found
-    found |= frontier
-  return found
 
 
 def _multiprocessing_helper(pid: int) -> bool:
@@ -152,6 +138,33 @@ def test_a_worker_left_with_stale_prefetches_is_not_killed():
     assert set(p.worker_pids()) == pids
 
 
+def test_a_dead_worker_with_a_deep_tree_left_is_cleaned_up_and_replaced(pool, tmp_path):
+  # A worker's private directory holding a tree deeper than the recursion limit and
+  # PATH_MAX, a locked directory and a link out: the housekeeper's clean-up once raised
+  # RecursionError, which killed its thread, and no worker was ever replaced again.
+  canary = tmp_path / 'canary'
+  canary.mkdir()
+  (canary / 'keep').write_text('k')
+  victim = sorted(full_crew(pool))[0]
+  top = tempfile.mkdtemp(prefix=f'rlreason-sandbox-{victim}-')
+  try:
+    escapes.deep_tree(top, canary)
+    os.kill(victim, signal.SIGKILL)
+    while victim in children_of(os.getpid()):  # dead (a zombie) before the next batch.
+      time.sleep(0.01)
+    for _ in range(3):  # later batches need the replacements the housekeeper starts.
+      verdicts = pool.score([OK_ITEM] * 4, verifier='math', deadline_s=60)
+      assert [v.status for v in verdicts] == [V.CORRECT] * 4
+    deadline = time.monotonic() + 60
+    while os.path.exists(top) and time.monotonic() < deadline:
+      time.sleep(0.1)
+    assert not os.path.exists(top) and (canary / 'keep').read_text() == 'k'
+    assert pool._housekeeper.is_alive()  # pylint: disable=protected-access
+    assert victim not in full_crew(pool)
+  finally:
+    escapes.remove_by_rm(top)
+
+
 def test_worker_ignoring_sigterm_gets_sigkill(pool):
   verdict, = pool.score([{}], verifier=F + 'ignore_sigterm', deadline_s=10)
   assert verdict.status == V.TIMEOUT
@@ -175,7 +188,7 @@ def test_raising_verifier_is_a_crash_without_killing_the_worker(pool):
                         deadline_s=10)
   assert [v.status for v in verdicts] == [V.CRASH, V.CRASH]
   assert 'verifier failed on purpose' in verdicts[0].detail
-  assert 'not a Verdict' in verdicts[1].detail
+  assert 'return a number or a Verdict' in verdicts[1].detail
   assert set(pool.worker_pids()) == pids
 
 

@@ -163,6 +163,24 @@ code = (f'import os\ntry:\n  os.kill({parent}, 0)\n  print("signalled")\nexcept 
         '  try:\n    print(open(p).read()[:30])\n  except OSError as e:\n    print("no read", e.errno)\n')
 r = sandbox.run([sandbox.python_interpreter(), '-I', '-S', '-c', code])
 out['run'] = [r.status, r.stdout, r.stderr[-300:]]
+# UDP and a host unix socket (ssh-agent, tmux): the seccomp filter refuses socket() itself.
+sockets = ('import socket\nfor f, t in ((socket.AF_INET, socket.SOCK_DGRAM), '
+           '(socket.AF_UNIX, socket.SOCK_STREAM)):\n  try:\n    socket.socket(f, t)\n'
+           '    print("socket")\n  except PermissionError:\n    print("refused")')
+r = sandbox.run([sandbox.python_interpreter(), '-I', '-S', '-c', sockets])
+out['sockets'] = r.stdout.split()
+# A process in a new session, still running when the run ends, must not survive it.
+marker = '31.%d' % os.getpid()
+r = sandbox.run(['/bin/sh', '-c', f'setsid sh -c "sleep {marker}" </dev/null >/dev/null 2>&1 & '
+                 'sleep 0.3'], new_processes=True)
+out['setsid'] = [r.status]
+for pid in filter(str.isdigit, os.listdir('/proc')):
+  try:
+    if marker.encode() in open(f'/proc/{pid}/cmdline', 'rb').read():
+      out['setsid'].append(int(pid))
+      os.kill(int(pid), signal.SIGKILL)
+  except OSError:
+    pass
 print(json.dumps(out))
 '''
 
@@ -185,6 +203,7 @@ def test_rlimits_level_is_refused_unless_allowed_and_says_so():
   allowed, stderr = _weak_level('rlimits', allow=True)
   assert allowed['check'] == 'passed' and "isolation 'rlimits'" in stderr
   assert allowed['run'][0] == 'ok'
+  assert allowed['sockets'] == ['refused', 'refused'] and allowed['setsid'] == ['ok'], allowed
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which('setpriv') or
@@ -202,6 +221,8 @@ def test_landlock_level_blocks_signals_and_host_reads(user):
   lines = stdout.splitlines()
   assert lines[0].startswith('no signal'), lines  # EPERM under Landlock's signal scope.
   assert lines[1].startswith('no read') and lines[2].startswith('no read'), lines
+  assert out['sockets'] == ['refused', 'refused'], out  # no UDP, no host unix socket.
+  assert out['setsid'] == ['ok'], out  # nothing of the run survives it, as root or not.
 
 
 def _world_readable(path):

@@ -48,6 +48,7 @@ limit), error (nonzero exit or a crash), refused (weak isolation not allowed).
 Deliberately not here: judging the program's output (python_tests.py, prolog.py).
 """
 
+import contextlib
 import dataclasses
 import functools
 import glob
@@ -266,7 +267,10 @@ def remove_tree(path: str) -> bool:
             break
           _unlink(entry.name, fd)
       if child is not None:
-        below = _open_dir(child, fd)
+        try:
+          below = _open_dir(child, fd)
+        except FileNotFoundError:  # removed meanwhile (a second clean-up): look again.
+          continue
         os.close(fd)
         fd = below
         names.append(child)
@@ -276,7 +280,8 @@ def remove_tree(path: str) -> bool:
       above = os.open('..', _DIR_FLAGS, dir_fd=fd)
       os.close(fd)
       fd = above
-      os.rmdir(names.pop(), dir_fd=fd)
+      with contextlib.suppress(FileNotFoundError):
+        os.rmdir(names.pop(), dir_fd=fd)
     os.close(fd)
     fd = None
     os.rmdir(path)

@@ -206,7 +206,25 @@ def _descendants(processes):
   return found
 
 
-def _kill_tree(config):
+class _Exits:
+  """What reaping found: the CPU time of every reaped process and each one's wait status."""
+
+  def __init__(self):
+    self.cpu_s, self.status = 0.0, {}
+
+  def reap(self):
+    while True:
+      try:
+        pid, code, usage = os.wait4(-1, os.WNOHANG)
+      except ChildProcessError:
+        return
+      if pid == 0:
+        return
+      self.cpu_s += usage.ru_utime + usage.ru_stime
+      self.status[pid] = code
+
+
+def _kill_tree(config, exits):
   """Kills every descendant (orphans come back to this subreaper) until none is left."""
   for _ in range(100):
     if config['namespaces']:  # as pid 1: everything in the namespace but this process.
@@ -222,23 +240,8 @@ def _kill_tree(config):
         os.kill(pid, signal.SIGKILL)
       except ProcessLookupError:
         pass
-    _reap(None)
+    exits.reap()
     time.sleep(0.002)
-
-
-def _reap(target):
-  """Reaps every exited child; returns (CPU seconds of those, the target's wait status)."""
-  cpu, status = 0.0, None
-  while True:
-    try:
-      pid, code, usage = os.wait4(-1, os.WNOHANG)
-    except ChildProcessError:
-      return cpu, status
-    if pid == 0:
-      return cpu, status
-    cpu += usage.ru_utime + usage.ru_stime
-    if pid == target:
-      status = code
 
 
 def _kill_uid(uid):
@@ -255,29 +258,30 @@ def _kill_uid(uid):
     os.waitpid(pid, 0)
 
 
-def _supervise(pid, config, report):
+def _supervise(pid, config, report, exits):
   """Waits for the target under the wall-clock deadline and the tree's CPU budget."""
   deadline = time.monotonic() + config['wall_s']
-  reaped, status = 0.0, None
-  while status is None:
-    cpu, status = _reap(pid)
-    reaped += cpu
-    if status is not None:
+  while True:
+    exits.reap()
+    if pid in exits.status:
       break
     # Without new processes (the seccomp filter) the tree is the target alone.
     live = _processes(os.listdir('/proc') if config['new_processes'] else [str(pid)])
     tree = _descendants(live) if config['new_processes'] else set(live)
-    report['cpu_s'] = reaped + sum(live[p][1] for p in tree)
+    report['cpu_s'] = exits.cpu_s + sum(live[p][1] for p in tree)
     now = time.monotonic()
     if report['cpu_s'] >= config['cpu_s'] and not report['cpu_limit']:
       report['cpu_limit'] = True
-      _kill_tree(config)
+      _kill_tree(config, exits)
     elif now >= deadline and not report['wall_timeout']:
       report['wall_timeout'] = True
-      _kill_tree(config)
-    signal.sigtimedwait({signal.SIGCHLD}, max(0.001, min(POLL_S, deadline - now)))
-  report['cpu_s'] = max(report['cpu_s'], reaped)
-  return status
+      _kill_tree(config, exits)
+    elif not report['cpu_limit'] and not report['wall_timeout']:
+      signal.sigtimedwait({signal.SIGCHLD}, max(0.001, min(POLL_S, deadline - now)))
+    else:  # killed: its status is due any moment.
+      signal.sigtimedwait({signal.SIGCHLD}, 0.01)
+  report['cpu_s'] = max(report['cpu_s'], exits.cpu_s)
+  return exits.status[pid]
 
 
 def main():
@@ -293,7 +297,10 @@ def main():
       os._exit(1)
   else:
     _check(_libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), 'child subreaper')
-  signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # for sigtimedwait.
+  # SIG_IGN (inheritable from whoever started us) would make the kernel reap the target
+  # before wait4 sees its status; blocked, SIGCHLD wakes sigtimedwait.
+  signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+  signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
   pid = os.fork()
   if pid == 0:
     try:
@@ -302,10 +309,11 @@ def main():
     except BaseException as e:  # pylint: disable=broad-except
       os.write(2, f'sandbox_init: cannot start {config["argv"][0]}: {e}\n'.encode())
     os._exit(127)
-  status = _supervise(pid, config, report)
+  exits = _Exits()
+  status = _supervise(pid, config, report, exits)
   report['exit_code'] = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
   report['signal'] = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
-  _kill_tree(config)
+  _kill_tree(config, exits)
   if not config['namespaces'] and config['uid'] is not None:
     _kill_uid(config['uid'])
   os.write(status_fd, json.dumps(report).encode())

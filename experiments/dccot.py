@@ -1,5 +1,5 @@
 """DC-CoT on parallel_sums: a director warm-started on a small spawn-format demonstration set,
-then multi-stage GRPO on threaded rollouts (rl/dccot.py, tasks/dccot_demos.py).
+then multi-stage GRPO on threaded rollouts (methods/dccot.py, tasks/dccot_demos.py).
 
   python -m rlreason.main --config experiments/dccot.py --workdir /tmp/dccot
   python -m rlreason.main --config experiments/dccot.py:single --workdir /tmp/dccot1

@@ -4,7 +4,7 @@
   python -m rlreason.main --config experiments/kbqa_r1.py:unfiltered,1 --workdir /tmp/kbqa_u1
   python -m experiments.dynamics.kbqa_rrs      # the study: rrs vs answer vs unfiltered
 
-arg: the SFT source, 'rrs' | 'answer' | 'unfiltered' (rl/rejection_sampling.py), optionally
+arg: the SFT source, 'rrs' | 'answer' | 'unfiltered' (methods/rejection_sampling.py), optionally
 ',<seed>'; 'runlocal' is a seconds-long smoke run of 'rrs'.
 
 Task: kb_qa (envs/tasks.py) at difficulty 1: a graph of 6 people, 6 companies, 3 cities in

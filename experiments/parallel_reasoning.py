@@ -1,5 +1,5 @@
 """Fork/join threads (ThreadWeaver arXiv 2512.07843, DC-CoT) on parallel_sums: SFT in the spawn
-format, then GRPO on threaded rollouts (rollout/fork_join.py, rl/threads.py).
+format, then GRPO on threaded rollouts (rollout/fork_join.py, methods/threads.py).
 
   python -m rlreason.main --config experiments/parallel_reasoning.py --workdir /tmp/pr
   python -m rlreason.main --config experiments/parallel_reasoning.py:sequential --workdir /tmp/ps

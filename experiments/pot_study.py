@@ -5,7 +5,7 @@
 The base: demo.py's tiny model and flawed-carry teacher on 3-column addition (the SFT warm
 start only, rl.steps = 0, cached in WORKDIR: a rerun skips it), whose greedy policy drops
 the carry where the flawed teacher mostly did, so it solves some problems and not others.
-Then, on the first PROBLEMS held-out problems, rl/pot.py: per problem a fresh LoRA adapter,
+Then, on the first PROBLEMS held-out problems, methods/pot.py: per problem a fresh LoRA adapter,
 STEPS GRPO updates on CANDIDATES samples at temperature 1 scored by the carry-chain checker
 (which recomputes the addition from the prompt's operands: a calculator, an oracle in all
 but name; see pot.py), then the greedy answer. The base's greedy answer is decoded on the
@@ -30,7 +30,7 @@ import numpy as np
 
 from experiments import demo
 from rlreason.rl import evaluate
-from rlreason.rl import pot
+from rlreason.methods import pot
 from rlreason.rl import run_setup
 from rlreason.rl import train
 

@@ -3,7 +3,7 @@
   python -m rlreason.main --config experiments/r2po.py --workdir /tmp/r2po   # ~demo's runtime
   python -m rlreason.main --config experiments/r2po.py:runlocal --workdir /tmp/x   # smoke run
 
-The demo's setting and hardware (see experiments/demo.py) with R²PO's stages (rl/r2po.py):
+The demo's setting and hardware (see experiments/demo.py) with R²PO's stages (methods/r2po.py):
 the head alone on the rarity reward for steps 1-20, the backbone on GRPO with the head frozen
 for 21-60, the head again for 61-70, then the backbone to the end (the reference's 2stage
 switches at 40, 80, 100 of its run, scaled to the demo's 80 steps). As the reference: k3 KL

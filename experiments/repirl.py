@@ -5,7 +5,7 @@
 
 The demo (experiments/demo.py): 5-digit column addition, a tiny model warm-started on a teacher
 that drops 75% of the carries (greedy pass@1 ~0.2 after SFT). Instead of GRPO on the verifier,
-rePIRL (rl/repirl.py): the expert is the task's reference solutions (2 per prompt), the PRM is
+rePIRL (methods/repirl.py): the expert is the task's reference solutions (2 per prompt), the PRM is
 the policy's architecture with a per-token scalar head, trained by the expert likelihood with
 log Z importance-sampled from the policy's 8 samples per prompt pooled with the demos (4 PRM
 Adam steps of 1e-3 per step); the policy takes one max-entropy step (alpha 0.05, lr 5e-5) on

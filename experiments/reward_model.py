@@ -1,4 +1,4 @@
-"""Train a reward model on the demo's task, with the true reward known (rl/reward_model.py).
+"""Train a reward model on the demo's task, with the true reward known (methods/reward_model.py).
 
   python -m rlreason.main --config experiments/reward_model.py --workdir /tmp/rm
   python -m rlreason.main --config experiments/demo.py --workdir /tmp/demo_rm \\

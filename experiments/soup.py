@@ -4,7 +4,7 @@
   python -m rlreason.main --config experiments/soup.py:runlocal --workdir /tmp/x  # smoke run
 
 The demo's setting and hardware (experiments/demo.py: 5-digit column addition, SFT on a teacher
-that drops carries, then RL) with SOUP's rollouts (rl/soup.py, our formalisation): a buffer of
+that drops carries, then RL) with SOUP's rollouts (methods/soup.py, our formalisation): a buffer of
 the 4 newest policy snapshots (one every 10 steps, the warm start first); in each group of 8,
 the first 4 rows start with a prefix of 1..Q' tokens (Q' ≤ 12) sampled by a snapshot drawn
 uniformly by age, and the current policy continues. The loss is prefix_mixed_ppo: prefix

@@ -59,7 +59,7 @@ def default() -> ml_collections.ConfigDict:
       # the step's prompts (rollout/continuous.py; per-row random streams).
       sampler='static', slots=0,
       dynamic_sampling=False, max_refill_rounds=2))
-  # partial_rollouts (rl/partial_rollouts.py, with sampler='continuous'): a step trains on the
+  # partial_rollouts (methods/partial_rollouts.py, with sampler='continuous'): a step trains on the
   # first prompts_per_step groups to finish; unfinished rows carry on under the next params,
   # each token tagged with the version that sampled it; partial_recompute prefills them again
   # under the new params (else their old KV cache is kept). sample_memory_gb > 0: the
@@ -98,19 +98,19 @@ def default() -> ml_collections.ConfigDict:
   # has optimizer state and is checkpointed. dropout must be 0 (model/lora.py says why).
   # routing 'dart' (model/dart.py): two adapters, reasoning and tool-call tokens routed per
   # token by the env's call tags (needs env.enabled, family 'tags' or 'qwen'); no merged
-  # export. cea_every: log Capability Effect Attribution (rl/cea.py) every that many steps.
+  # export. cea_every: log Capability Effect Attribution (methods/cea.py) every that many steps.
   c.lora = ml_collections.ConfigDict(dict(
       enabled=False, rank=16, alpha=32.0, dropout=0.0,
       targets=('q', 'k', 'v', 'o', 'gate', 'up', 'down'), quantize='', routing='', cea_every=0))
 
-  # R²PO (rl/r2po.py): a residual rollout head W2 ReLU(W1 h) on the logits the sampler uses,
+  # R²PO (methods/r2po.py): a residual rollout head W2 ReLU(W1 h) on the logits the sampler uses,
   # trained alone on the rarity reward (stage 1, steps 1..s1), then the backbone with the head
   # frozen (stage 2), alternating at each of switch_steps (the reference's 2stage_train.sh:
   # 40, 80, 100). Evaluation and export use the model's own logits.
   c.r2po = ml_collections.ConfigDict(dict(enabled=False, switch_steps=(40, 80, 100),
                                           init_std=1e-6))
 
-  # A learned reward (rl/reward_model.py): with `path` (a directory it wrote), the RL reward is
+  # A learned reward (methods/reward_model.py): with `path` (a directory it wrote), the RL reward is
   # verifier_weight x verifier + weight x RM, RM = sigmoid(score) ('sigmoid': a pointwise model's
   # P(right)) or the score ('raw'). train.enabled makes `python -m rlreason.main` train one
   # instead of a policy, on `problems` training problems x `traces_per_problem` answers of
@@ -120,7 +120,7 @@ def default() -> ml_collections.ConfigDict:
       path='', weight=1.0, verifier_weight=0.0, transform='sigmoid',
       train=dict(enabled=False, mode='pointwise', steps=300, batch_size=32, lr=3e-4,
                  problems=512, traces_per_problem=4, eval_problems=128)))
-  # rePIRL (rl/repirl.py; objectives/irl.py): instead of the RL loop, a PRM learned by inverse RL
+  # rePIRL (methods/repirl.py; objectives/irl.py): instead of the RL loop, a PRM learned by inverse RL
   # from expert traces only (expert_per_prompt answers of the `expert` teacher per prompt, a
   # 'module:function' like sft.teacher; '' = the task's reference solutions), alternated with
   # max-entropy policy steps on its dense token rewards (entropy weight alpha). Per step:
@@ -131,7 +131,7 @@ def default() -> ml_collections.ConfigDict:
       enabled=False, expert='', expert_per_prompt=2, prm_steps=1, prm_lr=1e-4, alpha=1.0,
       pool_expert=True, reward_l2=0.0))
 
-  # Reward-hacking monitors (rl/monitors.py), on training batches: `which` of audit (audit_size
+  # Reward-hacking monitors (methods/monitors.py), on training batches: `which` of audit (audit_size
   # rows re-scored by audit_verifier, '' = verifier.name), agreement (reward > reward_threshold
   # vs verifier), length (reward-length correlation), template (template_tokens' reward lift),
   # judge (judge_sample completions judged twice). Alarms: the reward rose >= min_reward_rise
@@ -183,7 +183,7 @@ def default() -> ml_collections.ConfigDict:
       teacher_behaviour='learner'))  # | 'one'
   # Prefixes of up to max_tokens tokens sampled by an older snapshot (the warm start, or the
   # policy every refresh_every steps) for the first rows_per_group rows of each group.
-  # SOUP / Thinking Seeds (rl/soup.py): the `keep` newest snapshots are kept, each prefixed
+  # SOUP / Thinking Seeds (methods/soup.py): the `keep` newest snapshots are kept, each prefixed
   # row draws one by age, P(rank r) ∝ age_decay^r (rank 0 the newest; 1.0: uniform) [F].
   c.prefix_rollouts = ml_collections.ConfigDict(dict(
       enabled=False, max_tokens=8, rows_per_group=1, refresh_every=0, keep=1, age_decay=1.0))
@@ -193,12 +193,12 @@ def default() -> ml_collections.ConfigDict:
   # 3e-3, for the demo's random-init model; TRL uses 2e-5), batch 256 sequences (was 64),
   # gradients clipped at 1.0 (was 0.0; verl's and TRL's), cosine decay to 0 over `steps` (verl's
   # schedule; the demos set decay=False, which some of their seeds needed).
-  # filter: which teacher traces are trained on (rl/rejection_sampling.py): 'unfiltered',
+  # filter: which teacher traces are trained on (methods/rejection_sampling.py): 'unfiltered',
   # 'answer' (a correct final answer) or 'rrs' (KBQA-R1's Referenced Rejection Sampling: the
   # executed tool calls are the gold action sequence), up to filter_tries traces per problem;
   # the last two execute the traces in the run's environment (env.enabled).
   # num_demos: 0 draws fresh problems every step; N cycles over the first N (a small
-  # demonstration set, e.g. DC-CoT's warm start in the spawn format: rl/dccot.py).
+  # demonstration set, e.g. DC-CoT's warm start in the spawn format: methods/dccot.py).
   c.sft = ml_collections.ConfigDict(dict(
       steps=0, batch_size=256, lr=1e-5, warmup_steps=50, decay=True, grad_clip=1.0, teacher='',
       teacher_options={}, filter='unfiltered', filter_tries=4, num_demos=0))
@@ -250,7 +250,7 @@ def default() -> ml_collections.ConfigDict:
   c.slate = ml_collections.ConfigDict(dict(enabled=False, k=5, eta=0.7, lambda_bonus=0.1,
                                            judge='rule'))
 
-  # Fork/join threads (rollout/fork_join.py, rl/threads.py): each of the G episodes per prompt
+  # Fork/join threads (rollout/fork_join.py, methods/threads.py): each of the G episodes per prompt
   # writes up to parent_tokens, and a spawn block `spawn h_1 sep .. h_k end` forks k <=
   # max_workers worker rows (worker_tokens each) that share its context; their outputs are
   # joined into it and the parent writes up to final_tokens more. Rows per prompt G * (1 +
@@ -261,7 +261,7 @@ def default() -> ml_collections.ConfigDict:
   c.threads = ml_collections.ConfigDict(dict(
       enabled=False, max_workers=4, parent_tokens=16, worker_tokens=16, final_tokens=16,
       max_header_tokens=4, markers={}, trie_packing=False))
-  # DC-CoT's multi-stage RL on threaded rollouts (rl/dccot.py, our formalisation [F]): with
+  # DC-CoT's multi-stage RL on threaded rollouts (methods/dccot.py, our formalisation [F]): with
   # threads.enabled, an episode's reward is  answer - format_weight (1 - spawn valid)
   # - worker_weight (1 - workers' subtasks right)  [stage 1: steps <= stage1_steps], plus
   # path_weight * correct * (1 - longest_path / total_tokens)  [stage 2].
@@ -269,7 +269,7 @@ def default() -> ml_collections.ConfigDict:
       enabled=False, stage1_steps=0, path_weight=0.5, format_weight=0.0, worker_weight=0.0))
 
   # num_prompts 500: MATH-500's size; a file's eval set is cut to it (GSM8K's test set has 1319).
-  # diversity: how the k samples per prompt differ (rl/diversity.py): 'iid', or a fixed
+  # diversity: how the k samples per prompt differ (methods/diversity.py): 'iid', or a fixed
   # schedule of 'skeleton' (structural completion prefixes), 'paraphrase' or 'comment' prompts.
   c.eval = ml_collections.ConfigDict(dict(every=0, num_prompts=500, k=1, temperature=0.0,
                                           diversity='iid'))

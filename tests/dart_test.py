@@ -1,4 +1,4 @@
-"""DART (model/dart.py, rl/cea.py): the route recurrence by hand, routed forward == merged LoRA
+"""DART (model/dart.py, methods/cea.py): the route recurrence by hand, routed forward == merged LoRA
 per adapter, sampler == learner log-probs with routing, where gradients can and cannot go,
 CEA on hand cases, and config errors."""
 
@@ -18,7 +18,7 @@ from rlreason.model import dart_init
 from rlreason.model import lora
 from rlreason.model import tokenizer
 from rlreason.model import transformer
-from rlreason.rl import cea
+from rlreason.methods import cea
 from rlreason.rl import update
 from rlreason.rollout import episodes as episodes_lib
 from rlreason.rollout import sampler

@@ -1,4 +1,4 @@
-"""DC-CoT (rl/dccot.py, tasks/dccot_demos.py): stage rewards, the demonstration set, a run."""
+"""DC-CoT (methods/dccot.py, tasks/dccot_demos.py): stage rewards, the demonstration set, a run."""
 
 import types
 
@@ -7,7 +7,7 @@ import pytest
 
 from rlreason import config as config_lib
 from rlreason.model import tokenizer
-from rlreason.rl import dccot
+from rlreason.methods import dccot
 from rlreason.rl import sft
 from rlreason.rollout import fork_join
 from rlreason.tasks import dccot_demos

@@ -1,4 +1,4 @@
-"""Tests for rlreason.rl.diversity: the schedules (deterministic per seed, even spread), the
+"""Tests for rlreason.methods.diversity: the schedules (deterministic per seed, even spread), the
 Countdown lists, the eval.diversity checks, and sampling with per-row prompts and prefixes."""
 
 import collections
@@ -12,7 +12,7 @@ from rlreason import config as config_lib
 from rlreason import config_checks
 from rlreason.model import tokenizer as tokenizer_lib
 from rlreason.model import transformer
-from rlreason.rl import diversity
+from rlreason.methods import diversity
 from rlreason.rl import evaluate
 from rlreason.rl import rl_batch
 from rlreason.tasks import countdown

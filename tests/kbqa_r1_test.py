@@ -15,7 +15,7 @@ from rlreason.envs import environment as environment_lib
 from rlreason.envs import kb_traces
 from rlreason.envs import render
 from rlreason.envs import tasks as env_tasks
-from rlreason.rl import rejection_sampling as rs
+from rlreason.methods import rejection_sampling as rs
 
 
 def _env():

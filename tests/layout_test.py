@@ -13,8 +13,9 @@ import pytest
 import rlreason
 
 PACKAGE = pathlib.Path(rlreason.__file__).parent
-# Which areas (subpackages, or top-level modules) each area may import. rl/ is the top of
-# the loop; dynamics/ and main use it; nothing else does.
+# Which areas (subpackages, or top-level modules) each area may import. rl/ is the core of
+# the loop and names no method; methods/ (the seed methods) sit on it and plug in through
+# rl/extensions.py's registry; dynamics/ and main use them; nothing else does.
 ALLOWED = {
     'verifiers': set(),
     'envs': {'tasks', 'verifiers'},
@@ -30,11 +31,14 @@ ALLOWED = {
     'config_checks': {'envs', 'model', 'objectives', 'rollout', 'tasks', 'verifiers'},
     # analysis/ (logit lens, patching, perplexity) sits below rl/: rl logs its perplexity split.
     'analysis': {'model', 'objectives', 'structs'},
-    'rl': {'analysis', 'config', 'envs', 'model', 'multihost', 'objectives', 'rollout', 'structs',
-           'tasks', 'verifiers'},
+    'rl': {'analysis', 'compile_cache', 'config', 'envs', 'model', 'multihost', 'objectives',
+           'rollout', 'structs', 'tasks', 'verifiers'},
+    'methods': {'analysis', 'config', 'envs', 'model', 'multihost', 'objectives', 'rl', 'rollout',
+                'structs', 'tasks', 'verifiers'},
     'dynamics': {'model', 'objectives', 'rl', 'structs', 'tasks'},
     'host_malloc': set(),  # Standard library only: runs before anything else is imported.
-    'main': {'config', 'host_malloc', 'model', 'multihost', 'rl'},
+    'platforms': set(),  # Standard library only: main calls it before JAX starts.
+    'main': {'compile_cache', 'config', 'host_malloc', 'methods', 'model', 'multihost', 'platforms', 'rl'},
     'episodes': {'envs'},
 }
 
@@ -82,3 +86,87 @@ def test_host_side_packages_import_neither_jax_nor_the_model(package):
   run = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
                        timeout=300, check=True)
   assert run.stdout.strip() == '[]', run.stdout
+
+
+def module_graph() -> dict[str, set[str]]:
+  """{module: the package's modules it imports}, over every module of the package, counting
+  imports inside functions too; `from pkg import name` counts pkg.name when that is a module,
+  else pkg."""
+  modules = {}
+  for path in PACKAGE.rglob('*.py'):
+    parts = ('rlreason',) + path.relative_to(PACKAGE).with_suffix('').parts
+    modules['.'.join(parts[:-1] if parts[-1] == '__init__' else parts)] = path
+  graph = {}
+  for name, path in modules.items():
+    package = name if path.name == '__init__.py' else name.rpartition('.')[0]
+    targets = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.ImportFrom):
+        base = node.module or ''
+        if node.level:  # Relative: from the package, up level - 1.
+          up = package.split('.')[:len(package.split('.')) - node.level + 1]
+          base = '.'.join(up + ([base] if base else []))
+        targets.update(f'{base}.{a.name}' if f'{base}.{a.name}' in modules else base
+                       for a in node.names)
+      elif isinstance(node, ast.Import):
+        targets.update(a.name for a in node.names)
+    found = set()
+    for target in targets:
+      while target and target not in modules:  # rlreason.x.y.attr -> rlreason.x.y
+        target = target.rpartition('.')[0]
+      if target and target != name:
+        found.add(target)
+    graph[name] = found
+  return graph
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+  """Tarjan's strongly connected components of more than one node (the import circles)."""
+  index, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+  def visit(v):
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on_stack.add(v)
+    for w in sorted(graph.get(v, ())):
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on_stack:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      component = []
+      while True:
+        w = stack.pop()
+        on_stack.discard(w)
+        component.append(w)
+        if w == v:
+          break
+      if len(component) > 1:
+        circles.append(sorted(component))
+
+  for v in sorted(graph):
+    if v not in index:
+      visit(v)
+  return circles
+
+
+def test_strongly_connected_finds_a_circle_and_only_it():
+  graph = {'a': {'b'}, 'b': {'c'}, 'c': {'a'}, 'd': {'a'}, 'e': {'e'}}
+  assert strongly_connected(graph) == [['a', 'b', 'c']]
+
+
+def test_no_import_circles_between_modules():
+  graph = module_graph()
+  assert len(graph) > 100 and 'rlreason.rl.train' in graph['rlreason.main']
+  circles = strongly_connected(graph)
+  assert not circles, '\n'.join(' <-> '.join(c) for c in circles)
+
+
+def test_the_core_loop_imports_no_method():
+  graph = module_graph()
+  core = [m for m in graph if m.startswith('rlreason.rl.')]
+  assert 'rlreason.rl.train' in core
+  for name in core:
+    methods = {m for m in graph[name] if m.startswith('rlreason.methods')}
+    assert not methods, (name, methods)

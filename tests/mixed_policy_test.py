@@ -1,4 +1,4 @@
-"""Tests for rlreason.rl.mixed_policy: HAPO's teacher injection and older-policy prefixes."""
+"""Tests for rlreason.methods.mixed_policy: HAPO's teacher injection and older-policy prefixes."""
 
 import types
 
@@ -10,7 +10,7 @@ import pytest
 from rlreason import config as config_lib
 from rlreason.model import tokenizer as tokenizer_lib
 from rlreason.model import transformer
-from rlreason.rl import mixed_policy
+from rlreason.methods import mixed_policy
 from rlreason.rollout import sampler
 from rlreason.structs import Rollout
 from rlreason.tasks import Example

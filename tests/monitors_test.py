@@ -1,4 +1,4 @@
-"""rl/monitors.py: each monitor on a hand case, the trend alarm, the config checks, and a
+"""methods/monitors.py: each monitor on a hand case, the trend alarm, the config checks, and a
 scripted hacked run that the loop stops, checkpoint saved."""
 
 import importlib
@@ -12,7 +12,7 @@ import pytest
 from rlreason import config as config_lib
 from rlreason.config_checks import monitoring
 from rlreason.rl import metrics as metrics_lib
-from rlreason.rl import monitors
+from rlreason.methods import monitors
 from rlreason.rl import train
 
 

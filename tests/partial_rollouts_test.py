@@ -12,8 +12,9 @@ import pytest
 
 from rlreason import config as config_lib
 from rlreason.model import transformer
+from rlreason.rl import memory
 from rlreason.rl import metrics
-from rlreason.rl import partial_rollouts
+from rlreason.methods import partial_rollouts
 from rlreason.rl import train
 from rlreason.rollout import continuous
 from rlreason.rollout import partial
@@ -241,10 +242,10 @@ def test_more_slots_than_the_memory_budget_allows_names_rl_slots():
   kw = dict(rows=16, group_size=2, prompt_len=6, max_new_tokens=8, prefix_len=0,
             sample_dtype=None)
   fits = continuous.memory_estimate(CFG, slots=4, **kw)['total']
-  partial_rollouts.check_sample_memory(_config(sample_memory_gb=fits / 2**30), CFG)
-  partial_rollouts.check_sample_memory(_config(sample_memory_gb=0.0), CFG)  # 0: no check.
+  memory.check_sample_memory(_config(sample_memory_gb=fits / 2**30), CFG)
+  memory.check_sample_memory(_config(sample_memory_gb=0.0), CFG)  # 0: no check.
   with pytest.raises(ValueError, match=r'rl.slots=4: .*rl.sample_memory_gb=.*at most 2 slots'):
-    partial_rollouts.check_sample_memory(_config(sample_memory_gb=(fits - 1) / 2**30), CFG)
+    memory.check_sample_memory(_config(sample_memory_gb=(fits - 1) / 2**30), CFG)
 
 
 def test_staleness_by_length_hand_case():

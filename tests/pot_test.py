@@ -1,4 +1,4 @@
-"""PoT (rl/pot.py): the base is untouched, the adapter is per problem and transient, equal
+"""PoT (methods/pot.py): the base is untouched, the adapter is per problem and transient, equal
 rewards give no update, the jitted pieces compile once, bad options fail naming the flag."""
 
 import types
@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from rlreason.rl import pot
+from rlreason.methods import pot
 from rlreason.rl import run_setup
 from rlreason.tasks import example as example_lib
 from train_test import tiny_config  # 1 layer, d = 32, arithmetic, 8 fake devices.

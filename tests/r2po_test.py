@@ -1,4 +1,4 @@
-"""R²PO's rollout head (model/rollout_head.py) and its two stages (rl/r2po.py)."""
+"""R²PO's rollout head (model/rollout_head.py) and its two stages (methods/r2po.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +9,7 @@ import pytest
 from rlreason import config as config_lib
 from rlreason.model import rollout_head
 from rlreason.model import transformer
-from rlreason.rl import r2po
+from rlreason.methods import r2po
 from rlreason.rl import run_setup
 from rlreason.rl import train
 from rlreason.rl import update

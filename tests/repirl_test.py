@@ -1,5 +1,5 @@
 """rePIRL: the IRL objectives by hand (objectives/irl.py), the tabular MDP check
-(dynamics/tabular_irl.py) and the per-token PRM on the transformer (rl/repirl.py)."""
+(dynamics/tabular_irl.py) and the per-token PRM on the transformer (methods/repirl.py)."""
 
 import itertools
 
@@ -123,8 +123,8 @@ def test_tabular_repirl_ranks_the_experts_actions_first(seed):
 
 def test_lm_prm_reads_every_position_and_the_last_equals_the_reward_model():
   from rlreason.model import transformer
-  from rlreason.rl import repirl
-  from rlreason.rl import reward_model
+  from rlreason.methods import repirl
+  from rlreason.methods import reward_model
   cfg = transformer.ModelConfig(vocab_size=16, hidden_size=32, intermediate_size=64,
                                 num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16)
   params = transformer.init_params(cfg, jax.random.key(0))

@@ -11,7 +11,7 @@ from rlreason import config as config_lib
 from rlreason import main as main_lib
 from rlreason.model import transformer
 from rlreason.objectives import reward_losses
-from rlreason.rl import reward_model
+from rlreason.methods import reward_model
 from rlreason.rl import train
 
 CFG = transformer.ModelConfig(vocab_size=13, hidden_size=32, intermediate_size=64, num_layers=1,
@@ -90,15 +90,14 @@ def test_an_rl_step_is_rewarded_by_the_reward_model(trained, tmp_path, monkeypat
   c.rl.steps = 1
   c.reward_model.update(path=str(path), weight=1.0, verifier_weight=0.0)
   seen = []
-  from rlreason.rl import rl_batch
-  learned = rl_batch.learned_rewards
+  learned = reward_model.learned_rewards
 
-  def spy(run, rollout, rewards_BxG):
-    out = learned(run, rollout, rewards_BxG)
+  def spy(run, model, rollout, rewards_BxG):
+    out = learned(run, model, rollout, rewards_BxG)
     seen.append(out)
     return out
 
-  monkeypatch.setattr(rl_batch, 'learned_rewards', spy)
+  monkeypatch.setattr(reward_model, 'learned_rewards', spy)
   train.train(c, str(tmp_path))
   (rewards_BxG, metrics), = seen
   assert np.all((rewards_BxG > 0) & (rewards_BxG < 1))  # sigmoid(score), verifier weight 0.

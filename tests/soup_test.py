@@ -1,4 +1,4 @@
-"""Tests for rlreason.rl.soup: the keep-k snapshot buffer, age sampling, per-row prefixes with
+"""Tests for rlreason.methods.soup: the keep-k snapshot buffer, age sampling, per-row prefixes with
 their own versions and behaviour log-probs, and prefix length 0 = GRPO."""
 
 import types
@@ -13,7 +13,7 @@ from rlreason.model import tokenizer as tokenizer_lib
 from rlreason.model import transformer
 from rlreason.objectives import losses
 from rlreason.rl import rl_batch
-from rlreason.rl import soup
+from rlreason.methods import soup
 from rlreason.rollout import sampler
 
 TOK = tokenizer_lib.from_characters('0123456789+=')

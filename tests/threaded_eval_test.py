@@ -1,4 +1,4 @@
-"""The loop's evaluation of a threaded policy forks (rl/evaluate.py's thread_verdicts).
+"""The loop's evaluation of a threaded policy forks (methods/threads.py's thread_verdicts).
 
 The model is fork_join_test's rigged one (one-hot embeddings, an output matrix that scripts a
 bigram chain over random attention) on experiments/parallel_reasoning.py's runlocal setting:
@@ -17,7 +17,7 @@ import pytest
 from rlreason import config as config_lib
 from rlreason.rl import evaluate
 from rlreason.rl import run_setup
-from rlreason.rl import threads
+from rlreason.methods import threads
 from rlreason.rl import train
 from rlreason.rollout import fork_join
 from rlreason.verifiers import text_answer

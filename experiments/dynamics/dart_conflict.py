@@ -17,7 +17,7 @@ directory; then two GRPO runs from it with the base frozen: one rank-8 LoRA adap
 projection (joint), and DART's two rank-8 adapters routed per token (lora.routing='dart': a
 token inside '<call>' ... '</call>' takes the tool adapter, every other token the reasoning
 one). Same seed, data, optimizer (lr 2e-3) and 12 steps of 8 prompts x 8 samples. CEA
-(rl/cea.py: the cosine between the gradients of the policy loss on reasoning tokens and on
+(methods/cea.py: the cosine between the gradients of the policy loss on reasoning tokens and on
 tool-call tokens, w.r.t. the trainable params, on the step's batch before its update) every 2
 steps; greedy pass@1 on 64 held-out problems every 6 steps. Token split and routing are our
 formalisation (model/dart.py). One seed: differences within a seed's noise are not findings.

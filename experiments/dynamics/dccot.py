@@ -20,7 +20,7 @@ d = 64, character tokenizer. (0) The long-CoT base stand-in: SFT on sequential s
 fresh problems (`base_steps`). (1) The DC-CoT warm start: SFT on a demonstration set of
 `sft.num_demos` = 64 problems written by tasks/dccot_demos.py's director (one worker per
 group, no spawn for a single group; one thread per SFT row). (2) From the same warm-started
-state, two arms of GRPO on threaded rollouts (rl/dccot.py; G = 8, ppo_clip, token_mean):
+state, two arms of GRPO on threaded rollouts (methods/dccot.py; G = 8, ppo_clip, token_mean):
 multi-stage (stage1_steps = S with correctness only, then S steps with + 0.5 * correct *
 (1 - longest_path / total_tokens)) and single-stage (2S steps of correctness only).
 Evaluation: greedy on 128 held-out problems with the threaded sampler (the base never
@@ -62,7 +62,7 @@ from experiments import dynamics as studies
 from rlreason import config as config_lib
 from rlreason.rl import run_setup
 from rlreason.rl import sft
-from rlreason.rl import threads
+from rlreason.methods import threads
 from rlreason.rl import train
 from rlreason.rollout import fork_join
 from rlreason.tasks import dccot_demos

@@ -21,7 +21,7 @@ the two agree): kb_qa at difficulty 1, the kb tool in the 'tags' format, a chara
 wrong procedure that is right by luck about a third of the time. Cold start: 500 SFT steps of
 32 sequences on its traces, kept by 'unfiltered' (the first trace), 'answer' (the first of up
 to 4 with a correct final answer) or 'rrs' (the first of up to 4 whose executed action
-sequence is the gold one, no failed call, correct answer: rl/rejection_sampling.py). Then the
+sequence is the gold one, no failed call, correct answer: methods/rejection_sampling.py). Then the
 same GRPO for each: 30 steps of 16 prompts x 8 episodes, PPO-clip, token-mean, lr 5e-4,
 reward = exact answer - 0.1 per failed call, on the same prompt stream. Evaluation on the
 same 64 held-out problems x 8 episodes at T = 1 (the policy GRPO samples from), at RL steps
@@ -59,7 +59,7 @@ import numpy as np
 from experiments import dynamics as studies
 from rlreason import config as config_lib
 from rlreason.rl import prompt_schedule
-from rlreason.rl import rejection_sampling
+from rlreason.methods import rejection_sampling
 from rlreason.rl import run_setup
 from rlreason.rl import sft
 from rlreason.rl import train

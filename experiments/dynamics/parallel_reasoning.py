@@ -55,7 +55,7 @@ from rlreason import config as config_lib
 from rlreason.rl import rl_batch
 from rlreason.rl import run_setup
 from rlreason.rl import sft
-from rlreason.rl import threads
+from rlreason.methods import threads
 from rlreason.rl import train
 from rlreason.rollout import fork_join
 from rlreason.rollout import sampler

@@ -48,7 +48,7 @@ it first reached 0.5:
 * What this does not show: rePIRL uses 4 expert demonstrations the outcome arm never sees,
   so H = 8 compares information, not only reward density; with a deterministic expert and
   tabular states, rePIRL is close to behaviour cloning with extra steps. The LM version
-  (rl/repirl.py) was run twice on a reduced demo setting, one seed each (experiments/repirl.py:
+  (methods/repirl.py) was run twice on a reduced demo setting, one seed each (experiments/repirl.py:
   held-out pass@1 0.594 -> 1.000 in 40 steps, or down to 0.078 with a slower PRM).
 """
 

@@ -4,7 +4,7 @@ Question: SOUP / "Thinking Seeds" (arXiv 2601.21476, algorithms.md §15) claims 
 sampled by the model's own historical checkpoints, continued on-policy and trained with
 token-level ratios against each token's behaviour policy, keep a higher effective entropy and a
 larger explorable solution space than on-policy training, and end with better pass@k. On
-Countdown with a tiny model warm-started by SFT, does SOUP (rl/soup.py) keep the sampling
+Countdown with a tiny model warm-started by SFT, does SOUP (methods/soup.py) keep the sampling
 entropy and pass@k higher over training than plain GRPO from the same warm start?
 
   python -m experiments.dynamics.soup_entropy            # full run, colab/figures/18_*.png
@@ -51,7 +51,7 @@ from rlreason import config as config_lib
 from rlreason.rl import evaluate
 from rlreason.rl import run_setup
 from rlreason.rl import sft
-from rlreason.rl import soup
+from rlreason.methods import soup
 from rlreason.rl import train
 
 NOTEBOOK = '18_soup_entropy'

@@ -5,7 +5,7 @@ prover mode-collapses at inference (pass@32 = pass@64 under i.i.d. sampling), th
 schedule of tactic skeletons spread over the k samples breaks the plateau, that paraphrased
 prompts only match i.i.d. sampling and that irrelevant comments degrade it. On Countdown with
 a tiny model warm-started by SFT and trained with GRPO, does a schedule of structural hints
-(rl/diversity.py: forced expression starts '<n><op>' / '(<n><op>') raise pass@k above i.i.d.
+(methods/diversity.py: forced expression starts '<n><op>' / '(<n><op>') raise pass@k above i.i.d.
 sampling where paraphrases and comments do not, and is the i.i.d. curve flat from 32 to 64?
 
   python -m experiments.dynamics.structured_diversity            # full run, colab/figures/19_*.png
@@ -52,7 +52,7 @@ import numpy as np
 
 from experiments import dynamics as studies
 from rlreason import config as config_lib
-from rlreason.rl import diversity
+from rlreason.methods import diversity
 from rlreason.rl import evaluate
 from rlreason.rl import run_setup
 from rlreason.rl import sft

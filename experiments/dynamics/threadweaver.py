@@ -60,7 +60,7 @@ from rlreason.objectives import aggregation
 from rlreason.rl import rl_batch
 from rlreason.rl import run_setup
 from rlreason.rl import sft
-from rlreason.rl import threads
+from rlreason.methods import threads
 from rlreason.rl import train
 from rlreason.rl import update
 from rlreason.rollout import fork_join

@@ -24,9 +24,9 @@ from rlreason.config_checks import threads
 
 # HeaPA's boundary definitions (rl/prompt_schedule.py implements them).
 HEAPA_MODES = ('medium', 'easy_medium')
-# sft.filter's values: rl/rejection_sampling.py's FILTERS (tests/kbqa_r1_test.py checks).
+# sft.filter's values: methods/rejection_sampling.py's FILTERS (tests/kbqa_r1_test.py checks).
 SFT_FILTERS = ('unfiltered', 'answer', 'rrs')
-# eval.diversity's values and the tasks with skeleton/paraphrase lists: rl/diversity.py's
+# eval.diversity's values and the tasks with skeleton/paraphrase lists: methods/diversity.py's
 # MODES and SKELETONS (tests/diversity_test.py checks).
 DIVERSITY_MODES = ('iid', 'skeleton', 'paraphrase', 'comment')
 DIVERSITY_TASKS = ('countdown',)

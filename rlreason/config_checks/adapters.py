@@ -24,7 +24,7 @@ def check_lora(c, check) -> None:
 
 
 def check_dart(c, check, routing: str) -> None:
-  """lora.routing and lora.cea_every (model/dart.py, rl/cea.py)."""
+  """lora.routing and lora.cea_every (model/dart.py, methods/cea.py)."""
   from rlreason.model import dart
   lc, e = c.lora, c.env
   check(routing in ('', 'dart'), f"lora.routing={routing!r}; known: '' (one adapter), 'dart'.")
@@ -51,7 +51,7 @@ def check_dart(c, check, routing: str) -> None:
 
 
 def check_r2po(c, check) -> None:
-  """R²PO's schedule and what it cannot be combined with (rl/r2po.py)."""
+  """R²PO's schedule and what it cannot be combined with (methods/r2po.py)."""
   switches = tuple(c.r2po.switch_steps)
   check(all(isinstance(s, int) and s >= 0 for s in switches)
         and list(switches) == sorted(set(switches)),
@@ -65,7 +65,7 @@ def check_r2po(c, check) -> None:
 
 
 def check_reward_model(c, check) -> None:
-  """A learned reward's path and options, and its training settings (rl/reward_model.py)."""
+  """A learned reward's path and options, and its training settings (methods/reward_model.py)."""
   import pathlib
   r, t = c.reward_model, c.reward_model.train
   if r.path:

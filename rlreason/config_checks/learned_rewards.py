@@ -1,5 +1,5 @@
 """Start-up checks of the rewards learned or judged beyond a verifier: rePIRL's loop
-(rl/repirl.py) and SCRIBE's rubric routing (rollout/scribe.py)."""
+(methods/repirl.py) and SCRIBE's rubric routing (rollout/scribe.py)."""
 
 
 def check_repirl(c, check) -> None:

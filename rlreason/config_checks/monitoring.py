@@ -1,7 +1,7 @@
-"""Start-up checks of the reward-hacking monitors (rl/monitors.py): `monitors.*`
+"""Start-up checks of the reward-hacking monitors (methods/monitors.py): `monitors.*`
 (rlreason.config_checks.validate calls `check_monitors`)."""
 
-# rl/monitors.py's MONITORS and STOP_POLICIES (tests/monitors_test.py checks they agree).
+# methods/monitors.py's MONITORS and STOP_POLICIES (tests/monitors_test.py checks they agree).
 MONITORS = ('audit', 'agreement', 'length', 'template', 'judge')
 STOP_POLICIES = ('', 'warn', 'stop')
 

@@ -1,7 +1,7 @@
-"""Checks of rl.partial_rollouts (rl/partial_rollouts.py) and rl.sample_memory_gb: what a
+"""Checks of rl.partial_rollouts (methods/partial_rollouts.py) and rl.sample_memory_gb: what a
 carried sampler pool needs, and the features that draw or rewrite a step's rows some other
 way (each named with the field that turns it off). The memory estimate itself needs the
-model's shapes: rl/partial_rollouts.check_sample_memory runs it when the run is built."""
+model's shapes: rl/memory.check_sample_memory runs it when the run is built."""
 
 
 def check_partial_rollouts(c, check) -> None:

@@ -1,4 +1,4 @@
-"""Start-up checks of fork/join threads (config.threads; rollout/fork_join.py, rl/threads.py)."""
+"""Start-up checks of fork/join threads (config.threads; rollout/fork_join.py, methods/threads.py)."""
 
 
 def check_threads(c, check) -> None:
@@ -41,7 +41,7 @@ def check_threads(c, check) -> None:
 
 
 def check_dccot(c, check) -> None:
-  """DC-CoT's stage rewards (rl/dccot.py) score threaded episodes; weights are non-negative."""
+  """DC-CoT's stage rewards (methods/dccot.py) score threaded episodes; weights are non-negative."""
   from rlreason.tasks import parallel_sums
   d = c.dccot
   check(c.get('threads') is not None and c.threads.enabled,

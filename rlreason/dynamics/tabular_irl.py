@@ -22,7 +22,7 @@ Metrics per iteration: the policy's probability of the expert trajectory (exact,
 tables), the mean true return of its samples, and the fraction of expert-visited states where
 r_φ ranks the expert's action strictly first.
 
-Deliberately not here: language models (rl/repirl.py), matplotlib.
+Deliberately not here: language models (methods/repirl.py), matplotlib.
 """
 
 import dataclasses

@@ -4,7 +4,7 @@
 
 KBQA-R1 (arXiv 2512.10999) synthesises its cold-start traces with a model and keeps only
 those whose actions match the ground-truth logical form (Referenced Rejection Sampling,
-rl/rejection_sampling.py) [S: abstract and project page]. This teacher stands in for that
+methods/rejection_sampling.py) [S: abstract and project page]. This teacher stands in for that
 model (our formalisation): with probability `gold_prob` it runs the example's gold calls
 (envs.tasks.resolved_gold_calls); otherwise a wrong procedure of the kind a model that has
 not grounded the question writes, one per kb_qa question kind:
@@ -24,7 +24,7 @@ them, and only a filter on the action sequence rejects them all. Every observati
 tool's output, run through base.run_tool, in TextRenderer's `<result>...</result>`: exactly
 what the environment shows (tests/kbqa_r1_test.py replays the traces).
 
-Not here: the filter (rl/rejection_sampling.py), other tools' teachers (tasks.calculator_trace).
+Not here: the filter (methods/rejection_sampling.py), other tools' teachers (tasks.calculator_trace).
 """
 
 import json

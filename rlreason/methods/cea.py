@@ -86,3 +86,15 @@ def metrics(run, trainable, batch, step: int) -> dict:
         p, b, to_model=adapters.to_model(adapter, base, run.cfg), spec=adapter.spec,
         cfg=run.cfg, objective=run.objective, routed=bool(adapter.routing)))
   return adapter.cea(trainable, adapter.base, batch)
+
+
+def build(run):
+  """CEA's metrics under lora.cea_every (rl/extensions.py: batch metrics), or None."""
+  return CeaMetrics() if run.config.lora.get('cea_every', 0) else None
+
+
+class CeaMetrics:
+
+  def batch_metrics(self, run, *, params, batch, step: int, **unused) -> dict:
+    del unused
+    return metrics(run, params, batch, step)

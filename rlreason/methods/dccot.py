@@ -22,7 +22,7 @@ so the path term pays only for correct answers (a short wrong episode earns noth
 format and worker terms are penalties that vanish for a valid, right director (defaults w_f =
 w_w = 0: stage 1 is correctness only, as DC-CoT's accuracy-recovery stage). The loop's group
 estimator then turns r into one advantage per episode, repeated over its 1 + K rows
-(rl/threads.py). Every component and weighted term is logged per step (`dccot/...`).
+(methods/threads.py). Every component and weighted term is logged per step (`dccot/...`).
 
 Not here: sampling (rollout/fork_join.py), the demonstrations (tasks/dccot_demos.py). Not
 built: DC-CoT's per-stage data filters (rl.dynamic_sampling's zero-variance filter is the
@@ -133,7 +133,7 @@ def metrics(c: Components, terms: dict, reward_E, *, stage_id: int, threads_E) -
 
 def stage_rewards(run, out: fork_join.ThreadedRollout, examples, verifier_BxG, *, step: int,
                   fmt: fork_join.SpawnFormat) -> tuple[np.ndarray, dict]:
-  """rl/threads.py's hook: the stage's rewards_BxG from the verifier's, and the metrics."""
+  """methods/threads.py's hook: the stage's rewards_BxG from the verifier's, and the metrics."""
   d = run.config.dccot
   comps = components(out, examples, verifier_BxG, group_size=verifier_BxG.shape[1],
                      decode=lambda ids: run.tok.decode(ids, skip_special_tokens=True),

@@ -152,3 +152,19 @@ def sample_verdicts(run, params, *, k: int, temperature: float, rng, mode: str,
     answers += [keys[b * k:(b + 1) * k] for b in range(len(part))]
     tokens += int(rollout.lengths_N[:len(part) * k].sum())
   return np.concatenate(correct), answers, tokens
+
+
+def build(run):
+  """The evaluation's structured-diversity schedules (rl/extensions.py: eval_verdicts for
+  eval.diversity or the `diversity` argument != 'iid'); built for every run, cheap."""
+  del run
+  return DiversitySampling()
+
+
+class DiversitySampling:
+
+  def eval_verdicts(self, run, params, *, k: int, temperature: float, rng, diversity: str):
+    if diversity == 'iid':
+      return None
+    return (*sample_verdicts(run, params, k=k, temperature=temperature, rng=rng, mode=diversity,
+                             seed=run.config.seed), {})

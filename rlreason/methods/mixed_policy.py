@@ -18,11 +18,13 @@ parameter snapshot (the warm start, or the policy every k steps) samples up to Q
 first `rows_per_group` rows of each group keep a uniformly drawn 1..Q' of them (Q' excludes
 the stop token) as a prefix, with the old policy's behaviour log-probs, and the current policy
 continues. Completions are then Q + max_new_tokens long. Provenance: our formalisation.
-The keep-k buffer of snapshots, its refresh and its restore on resume: rl/soup.py.
+The keep-k buffer of snapshots, its refresh and its restore on resume: methods/soup.py.
 
 Deliberately not here: the loss-side treatment (losses.prefix_mixed_ppo), the gate's
 mathematics (advantage_transforms.hapo_*), sampling itself (sampler.generate).
 """
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -178,3 +180,27 @@ def old_policy_prefixes(run, prompts, *, key) -> Prefixes:
 def snapshot_step(step: int, refresh_every: int) -> int:
   """The step whose parameters sample the prefixes after `step` updates (0: the warm start)."""
   return step // refresh_every * refresh_every if refresh_every else 0
+
+
+def build(run):
+  """HAPO's injection under hapo.enabled (rl/extensions.py: a batch hook), or None."""
+  return HapoInjection() if run.config.hapo.enabled else None
+
+
+class HapoInjection:
+  """The batch hook: teacher traces replace some lowest-reward rows (`hapo_inject`)."""
+
+  def after_score(self, run, rollout, scores, examples, *, rng, step: int, params,
+                  progress: float):
+    rewards_BxG, vmetrics = scores.rewards_BxG, scores.metrics
+    rollout, rewards_BxG, hapo_metrics = hapo_inject(
+        run, rollout, rewards_BxG, examples, step=step, key=hapo_key(rng), params=params,
+        progress=progress)
+    vmetrics.update(hapo_metrics)
+    vmetrics['hapo/zero_variance_frac'] = rl_batch.zero_variance_fraction(rewards_BxG)
+    # Injected teacher rows: their reward is the teacher's, their behaviour mode unknown.
+    injected_BxG = rewards_BxG != scores.rewards_BxG
+    return rollout, dataclasses.replace(
+        scores, rewards_BxG=rewards_BxG, metrics=vmetrics,
+        verifier_BxG=np.where(injected_BxG, rewards_BxG, scores.verifier_BxG),
+        modes_BxG=np.where(injected_BxG, -1, scores.modes_BxG))

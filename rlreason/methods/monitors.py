@@ -286,3 +286,39 @@ def report_stop(alarms, *, step: int, workdir, writer) -> None:
   write_stop(workdir, alarms, message=message)
   logging.error(message)
   writer.note(message)
+
+
+def build(run):
+  """The monitors under monitors.enabled or monitors.perplexity (rl/extensions.py: score and
+  batch metrics, and the alarms that may stop the run), or None."""
+  m = getattr(run.config, 'monitors', None)
+  if m is None or not (m.enabled or m.get('perplexity', False)):
+    return None
+  return Monitors(m)
+
+
+class Monitors:
+
+  def __init__(self, settings):
+    self.settings = settings
+    self.tracker = Tracker.from_config(settings) if settings.enabled else None
+
+  def score_metrics(self, run, **batch) -> dict:
+    return batch_metrics(run, **batch) if self.settings.enabled else {}
+
+  def batch_metrics(self, run, *, policy, batch, rollout, **unused) -> dict:
+    """Prompt vs answer perplexity under π_old (monitors.perplexity)."""
+    del unused
+    if not self.settings.get('perplexity', False):
+      return {}
+    from rlreason.analysis import perplexity
+    return perplexity.batch_metrics(policy, batch.tokens_NxT, batch.mask_NxT, cfg=run.cfg,
+                                    completion_length=rollout.tokens_NxL.shape[1])
+
+  def watch(self, run, step: int, metrics: dict, writer) -> list:
+    del run
+    return [] if self.tracker is None else watch(self.settings, self.tracker, step, metrics,
+                                                 writer)
+
+  def report_stop(self, run, stop, *, step: int, writer) -> None:
+    report_stop(stop, step=step, workdir=run.workdir, writer=writer)

@@ -11,7 +11,7 @@ first step reads two batches of prompts (one queued ahead), every later step one
 and checkpoints both at every save: workdir/partial_rollouts/ (step-numbered as the train
 state's), so a resumed run continues every row bit for bit. A checkpoint whose pool was
 sampled with other shapes (rl.slots, rl.group_size, ...) is refused, naming the field.
-`check_sample_memory` is the start-up check of rl.sample_memory_gb.
+The start-up check of rl.sample_memory_gb is rl/memory.check_sample_memory.
 
 Deliberately not here: the device side (rollout/partial.py: whether carried caches are kept
 or, with rl.partial_recompute, prefilled again under the new params).
@@ -29,36 +29,11 @@ import orbax.checkpoint as ocp
 from rlreason.rl import checkpoint
 from rlreason.rl import prompt_schedule
 from rlreason.rl import rl_batch
-from rlreason.rollout import continuous
 from rlreason.rollout import partial
 from rlreason.rollout import sampler
 from rlreason.rollout import sampling
 
 
-def check_sample_memory(config, cfg) -> None:
-  """ValueError naming rl.slots when the continuous sampler's memory estimate (with its
-  carried pool under partial rollouts) exceeds rl.sample_memory_gb (0: no check)."""
-  rl = config.rl
-  budget_gb = rl.get('sample_memory_gb', 0)
-  if not budget_gb or rl.get('sampler', 'static') != 'continuous':
-    return
-  p = config.prefix_rollouts
-  kw = dict(rows=rl.prompts_per_step * rl.group_size * (2 if rl.get('partial_rollouts') else 1),
-            group_size=rl.group_size, prompt_len=max(config.data.prompt_buckets),
-            max_new_tokens=rl.max_new_tokens, prefix_len=p.max_tokens if p.enabled else 0,
-            sample_dtype=rl.sample_dtype or None)
-  est = continuous.memory_estimate(cfg, slots=rl.slots, **kw)
-  budget = int(budget_gb * 2**30)
-  if est['total'] > budget:
-    parts = ', '.join(f'{k}={v / 2**30:.3f} GiB' for k, v in est.items())
-    raise ValueError(
-        f'rl.slots={rl.slots}: the continuous sampler needs about {est["total"] / 2**30:.3f} '
-        f'GiB ({parts}), more than rl.sample_memory_gb={budget_gb}; at most '
-        f'{continuous.max_slots(budget, cfg, **kw)} slots fit. Lower rl.slots or '
-        'rl.max_new_tokens, or raise rl.sample_memory_gb.')
-
-
-# The config fields that fix the pool's shapes: a resumed pool must have been sampled with them.
 def _shape_fields(config) -> dict:
   rl = config.rl
   return {'rl.slots': rl.slots, 'rl.group_size': rl.group_size,
@@ -169,11 +144,34 @@ class PartialRollouts:
   def close(self) -> None:
     self.checkpointer.close()
 
+  # rl/extensions.py's protocol: the rollout source and the checkpoint hooks.
+  def sample_and_score(self, run, params, examples, rng, *, step: int, progress: float,
+                       times: dict):
+    return sample_and_verify(run, params, examples, rng, step=step, progress=progress,
+                             times=times)
+
+  def on_save(self, run, step: int, state) -> None:
+    del run, state
+    self.save(step)
+
+  def on_restore(self, run, step: int, abstract) -> None:
+    del run, abstract
+    self.restore(step)  # The rows in flight at that step, and their examples.
+
+
+def build(run):
+  """The carried pool under rl.partial_rollouts (rl/extensions.py: the run's rollout source and
+  its checkpoints), or None."""
+  if not run.config.rl.get('partial_rollouts'):
+    return None
+  return PartialRollouts(run.config, run.cfg, tok=run.tok, pad_id=run.pad_id,
+                         sample_mesh=run.sample_mesh, workdir=run.workdir)
+
 
 def sample_and_verify(run, params, examples, rng, *, step: int, progress: float, times: dict):
   """train.sample_and_verify under partial rollouts: (rollout, rl_batch.Scores)."""
   start = time.perf_counter()
-  rollout, examples, metrics = run.partial.generate(
+  rollout, examples, metrics = run.methods['partial'].generate(
       params, examples, rng, step=step, next_batch=lambda: next(run.data_iter))
   rollout = jax.block_until_ready(rl_batch.tag_versions(rollout, version=step - 1,
                                                         per_token=True))

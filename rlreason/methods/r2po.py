@@ -34,7 +34,6 @@ Not with LoRA (refused at start-up): the head would be a second trainable tree b
 adapter. One compiled train step per stage.
 """
 
-import dataclasses
 from typing import Any, Callable
 
 import jax
@@ -42,18 +41,12 @@ import optax
 
 from rlreason.model import rollout_head
 from rlreason.model import sharding
+from rlreason.rl import extensions
 
 HEAD, BACKBONE = 'head', 'backbone'
 
 
-@dataclasses.dataclass(frozen=True)
-class Stage:
-  """What one RL step's update uses: which policy the learner sees (old and new log-probs),
-  which advantage estimator ('' for the configured one) and the jitted train step."""
-  number: int  # 0: a plain run; 1: R²PO's head stage; 2: its backbone stage.
-  learner: Callable[[Any], Any]
-  advantage: str
-  train_step: Callable
+Stage = extensions.Stage  # What one RL step's update uses (rl/extensions.py).
 
 
 def stage_at(step: int, switch_steps) -> int:
@@ -117,8 +110,38 @@ def stages(make_train_step: Callable[[Any, Callable], Callable],
   """The two stages' update pieces; `make_train_step(optimizer, to_model)` jits one step."""
   return {
       1: Stage(1, learner=lambda policy: policy, advantage='r2po_rarity',
-               train_step=make_train_step(stage_optimizer(make_optimizer, 1), to_model(1))),
+               train_step=make_train_step(stage_optimizer(make_optimizer, 1), to_model(1)),
+               metric='r2po/stage'),
       2: Stage(2, learner=rollout_head.detach, advantage='',
-               train_step=make_train_step(stage_optimizer(make_optimizer, 2), to_model(2))),
+               train_step=make_train_step(stage_optimizer(make_optimizer, 2), to_model(2)),
+               metric='r2po/stage'),
   }
 
+
+def learner_schedule(config):
+  """R²PO's stages under r2po.enabled (rl/extensions.py: the learner schedule), or None."""
+  return R2poSchedule(config) if config.r2po.enabled else None
+
+
+class R2poSchedule:
+  """The params gain the rollout head; the state's optimizer is the backbone stage's (both
+  stages' have the same state); the step's stage alternates at r2po.switch_steps."""
+
+  def __init__(self, config):
+    self.config, self.stages = config, None
+
+  def setup_params(self, config, cfg, params, *, mesh, param_shardings, sample_shardings,
+                   sample_mesh):
+    params, trainable = setup(config, cfg, params, mesh, param_shardings)
+    return params, trainable, with_head_shardings(sample_shardings, params, sample_mesh,
+                                                  sharding.SAMPLE_RULES)
+
+  def optimizer(self, make_optimizer):
+    return stage_optimizer(make_optimizer, 2)
+
+  def build_stages(self, make_train_step, make_optimizer, train_step, detach) -> None:
+    del train_step, detach
+    self.stages = stages(make_train_step, make_optimizer)
+
+  def stage(self, step: int) -> Stage:
+    return self.stages[stage_at(step, tuple(self.config.r2po.switch_steps))]

@@ -192,3 +192,15 @@ class FilteredTeacher:
             'sft/filter_problems_kept_frac': c['problems_kept'] / max(c['problems'], 1),
             'sft/filter_gold_match_frac': c['gold_match'] / max(c['traces'], 1),
             'sft/filter_correct_frac': c['correct'] / max(c['traces'], 1)}
+
+
+def build(run):
+  """The SFT teacher's filter under sft.filter != 'unfiltered' (rl/extensions.py), or None."""
+  return SftFilter() if run.config.sft.filter != 'unfiltered' else None
+
+
+class SftFilter:
+
+  def sft_solutions(self, run, teacher):
+    s = run.config.sft
+    return FilteredTeacher(run.env, teacher, rule=s.filter, tries=s.filter_tries)

@@ -3,7 +3,7 @@ traces only, alternated with max-entropy policy updates on its dense token rewar
 
   python -m rlreason.main --config experiments/repirl.py --workdir /tmp/repirl
 
-The PRM is the reward model's architecture (rl/reward_model.py: the policy's transformer and
+The PRM is the reward model's architecture (methods/reward_model.py: the policy's transformer and
 the critic's zero-initialised Dense D -> 1 head), read at every response token instead of the
 last one: r_φ(s_t, a_t) = head(h_t), h_t the final hidden state after token a_t (the causal
 model has then read the prefix s_t and a_t). Its params start as a copy of the policy's
@@ -41,7 +41,7 @@ import optax
 from rlreason.model import transformer
 from rlreason.objectives import irl
 from rlreason.rl import metrics as metrics_lib
-from rlreason.rl import reward_model as reward_model_lib
+from rlreason.methods import reward_model as reward_model_lib
 
 
 def token_rewards(params, head, tokens_NxT, mask_NxT, *, cfg: transformer.ModelConfig):
@@ -112,7 +112,7 @@ def train(config, workdir):
 
 def _train(run, config, workdir):
   from rlreason.rl import rl_batch, run_setup, sft
-  from rlreason.rl.train import evaluate_policy
+  from rlreason.rl.evaluate import evaluate_policy
   from rlreason.rollout import sampler
   r, rl, cfg = config.repirl, config.rl, run.cfg
   p, g, e = rl.prompts_per_step, rl.group_size, r.expert_per_prompt
@@ -203,3 +203,8 @@ def _train(run, config, workdir):
                         vocab_size=run.tok.vocab_size)
   logging.info('rePIRL: %s', eval_metrics)
   return params, eval_metrics
+
+
+def replaces_loop(config) -> bool:
+  """rl/extensions.py: with repirl.enabled, `train` runs instead of the RL loop."""
+  return config.get('repirl') is not None and bool(config.repirl.enabled)

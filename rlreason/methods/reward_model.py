@@ -43,6 +43,7 @@ from safetensors import numpy as safetensors_np
 from rlreason.model import transformer
 from rlreason.model import weights
 from rlreason.objectives import reward_losses
+from rlreason.rollout import sampler
 from rlreason.rl import metrics as metrics_lib
 from rlreason.tasks import data
 from rlreason.tasks import example as example_lib
@@ -246,7 +247,7 @@ def load(path, *, vocab_size: int | None = None) -> RewardModel:
   for name in ('config.json', HEAD_FILE, META_FILE):
     if not (path / name).exists():
       raise FileNotFoundError(f'reward_model.path={str(path)!r} has no {name}: not a directory '
-                              'written by rlreason.rl.reward_model (train one with '
+                              'written by rlreason.methods.reward_model (train one with '
                               'reward_model.train.enabled).')
   meta = json.loads((path / META_FILE).read_text())
   if vocab_size is not None and meta['vocab_size'] != vocab_size:
@@ -256,3 +257,38 @@ def load(path, *, vocab_size: int | None = None) -> RewardModel:
   cfg, params = weights.load(path)
   head = {k: jnp.asarray(v) for k, v in safetensors_np.load_file(path / HEAD_FILE).items()}
   return RewardModel(cfg=cfg, params=params, head=head, meta=meta)
+
+
+def learned_rewards(run, model, rollout, rewards_BxG):
+  """verifier_weight x rewards + weight x the reward model `model`'s (config.reward_model), and metrics:
+  the RM's mean and how often its sign agrees with the verifier's verdict (reward > 0.5)."""
+  r = run.config.reward_model
+  tokens_NxT, mask_NxT = sampler.sequences(rollout)
+  scores_N = np.asarray(jax.device_get(model.score(tokens_NxT, mask_NxT)), np.float32)
+  rm_N = 1.0 / (1.0 + np.exp(-scores_N)) if r.transform == 'sigmoid' else scores_N
+  agree = float(np.mean((scores_N > 0) == (rewards_BxG.reshape(-1) > 0.5)))
+  mixed = r.verifier_weight * rewards_BxG + r.weight * rm_N.reshape(rewards_BxG.shape)
+  return mixed.astype(np.float32), {'reward_model/mean': float(rm_N.mean()),
+                                    'reward_model/agreement': agree}
+
+
+
+
+def build(run):
+  """The loaded reward model under reward_model.path (rl/extensions.py: it mixes the training
+  rewards, scored on device), or None."""
+  if not run.config.reward_model.path:
+    return None
+  if jax.process_count() > 1:
+    raise ValueError('reward_model.path: the reward model scores the whole batch on one host; '
+                     'multi-host runs are not supported yet.')
+  return RewardMixing(load(run.config.reward_model.path, vocab_size=run.tok.vocab_size))
+
+
+class RewardMixing:
+
+  def __init__(self, model):
+    self.model = model
+
+  def mix_rewards(self, run, rollout, rewards_BxG):
+    return learned_rewards(run, self.model, rollout, rewards_BxG)

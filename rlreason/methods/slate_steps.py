@@ -49,3 +49,16 @@ def sample_and_score(run, params, examples, rng, *, step: int, times: dict):
                            modes_BxG=np.full(out.rewards_BxG.shape, -1, np.int32),
                            metrics=metrics)
   return rollout, scores
+
+
+def build(run):
+  """SLATE's step rows under slate.enabled (rl/extensions.py: the rollout source), or None."""
+  return SlateSource() if run.config.slate.enabled else None
+
+
+class SlateSource:
+
+  def sample_and_score(self, run, params, examples, rng, *, step: int, progress: float,
+                       times: dict):
+    del progress
+    return sample_and_score(run, params, examples, rng, step=step, times=times)

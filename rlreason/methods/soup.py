@@ -32,7 +32,7 @@ import numpy as np
 
 from rlreason.model import sharding
 from rlreason.rl import checkpoint
-from rlreason.rl import mixed_policy
+from rlreason.methods import mixed_policy
 from rlreason.rollout import sampler
 from rlreason.structs import Prefixes, Rollout
 
@@ -165,3 +165,40 @@ def restore_buffer(run, abstract_params, step: int, warm_start_params) -> None:
     loaded = [(0, None if warm_start_params is None else
                sharding.reshard(warm_start_params, run.sample_shardings))]
   (run.prefix_step, run.prefix_params), run.prefix_history = loaded[0], loaded[1:]
+
+
+def build(run):
+  """The snapshot buffer under prefix_rollouts.enabled (rl/extensions.py), or None."""
+  return PrefixBuffer(run) if run.config.prefix_rollouts.enabled else None
+
+
+class PrefixBuffer:
+  """The snapshots prefixes are sampled from: `prefix_params` (the newest older snapshot), its
+  `prefix_step`, and `prefix_history`, the older ones kept ([(step, params)] newest first,
+  prefix_rollouts.keep > 1). The functions above take it where they take a run: it reads the
+  run's other fields (config, cfg, tok, ...) through to the run."""
+
+  def __init__(self, run):
+    self.run, self.prefix_params, self.prefix_step, self.prefix_history = run, None, 0, None
+
+  def __getattr__(self, name):
+    if name == 'run':  # Not set yet (copy, pickle): no recursion.
+      raise AttributeError(name)
+    return getattr(self.run, name)
+
+  # rl/extensions.py's protocol.
+  def prefixes(self, run, prompts, rng):
+    del run
+    return buffer_prefixes(self, prompts, key=mixed_policy.prefix_key(rng))
+
+  def after_update(self, run, params, step: int) -> None:
+    del run
+    refresh(self, params, step)
+
+  def on_save(self, run, step: int, state) -> None:
+    if step == 0:  # The warm start is the first snapshot.
+      self.prefix_params = sharding.reshard(jax.tree.map(jnp.copy, run.policy(state.params)),
+                                            run.sample_shardings)
+
+  def on_restore(self, run, step: int, abstract) -> None:
+    restore_buffer(self, abstract.params, step, run.warm_start_policy(abstract))

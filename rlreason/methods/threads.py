@@ -11,7 +11,7 @@ every worker's sampled tokens are trained once each with the episode's advantage
 Metrics (fork_join.ThreadedRollout.metrics): threads/total_tokens_mean, threads/
 longest_path_mean (the critical path: parent + longest worker), threads/per_episode_mean,
 threads/spawned_frac. With dccot.enabled the episode's reward is DC-CoT's stage reward
-(rl/dccot.py) and the verifier's stays in verifier_BxG.
+(methods/dccot.py) and the verifier's stays in verifier_BxG.
 
 The loop's evaluation (rl/evaluate.py) forks too: it samples k threaded episodes per held-out
 prompt with `sample_threads` and judges their parent texts with `episode_verdicts`.
@@ -24,7 +24,8 @@ import time
 import jax
 import numpy as np
 
-from rlreason.rl import dccot
+from rlreason.methods import dccot
+from rlreason.rl import evaluate
 from rlreason.rl import rl_batch
 from rlreason.rl.run_setup import prompt_text
 from rlreason.rollout import fork_join
@@ -118,3 +119,70 @@ def sample_and_score(run, params, examples, rng, *, step: int, times: dict):
   return rollout, rl_batch.Scores(rewards_BxG=rewards_BxG, verifier_BxG=verifier_BxG,
                                   modes_BxG=np.full(rewards_BxG.shape, -1, np.int32),
                                   metrics=metrics)
+
+
+def thread_verdicts(run, params, *, k: int, temperature: float, rng):
+  """k fork/join episodes per held-out prompt (this module's sampling, as in training),
+  each judged on its parent's text: (correct_BxK, answers_BxK, sampled tokens, the threaded
+  metrics: longest_path_mean, total_tokens_mean, spawned_frac over the episodes).
+
+  Chunks of run.eval_chunk prompts (the last one padded), each sampled with the same key."""
+  if jax.process_count() > 1:
+    raise ValueError(f'threads.enabled evaluates fork/join episodes in one process; this run '
+                     f'has {jax.process_count()} (set threads.enabled=False or run on one host).')
+  examples, chunk = run.eval_examples, run.eval_chunk
+  correct, answers, path, total, spawned = [], [], [], [], []
+  for start in range(0, len(examples), chunk):
+    part = examples[start:start + chunk]
+    padded = part + [part[-1]] * (chunk - len(part))
+    out = sample_threads(run, params, padded, rng, temperature=temperature,
+                                 group_size=k)
+    e = len(part) * k  # Episodes are prompt-major: the padding's come last.
+    tokens_N = np.asarray(out.rollout.loss_mask_NxL).sum(axis=1)
+    total_E = fork_join.total_tokens_E(tokens_N, out.parent_N)[:e]
+    verdicts = episode_verdicts(run, out.final_texts[:e], part, group_size=k,
+                                        lengths_E=total_E)
+    correct.append(np.array([v.status == 'correct' for v in verdicts]).reshape(len(part), k))
+    keys = [evaluate.answer_key(t) for t in out.final_texts[:e]]
+    answers += [keys[b * k:(b + 1) * k] for b in range(len(part))]
+    path += fork_join.longest_path_E(tokens_N, out.parent_N)[:e].tolist()
+    total += total_E.tolist()
+    spawned += out.spawned_E[:e].tolist()
+  stats = {'longest_path_mean': float(np.mean(path)), 'total_tokens_mean': float(np.mean(total)),
+           'spawned_frac': float(np.mean(spawned))}
+  return np.concatenate(correct), answers, int(np.sum(total)), stats
+
+
+def build(run):
+  """Fork/join threads under threads.enabled (rl/extensions.py: the rollout source and the
+  evaluation), their trie packing under threads.trie_packing; or None."""
+  t = run.config.get('threads')
+  if t is None or not (t.enabled or t.get('trie_packing')):
+    return None
+  if not t.enabled:
+    return TriePacking()
+  return PackedThreads() if t.get('trie_packing') else Threads()
+
+
+class Threads:
+
+  def sample_and_score(self, run, params, examples, rng, *, step: int, progress: float,
+                       times: dict):
+    del progress
+    return sample_and_score(run, params, examples, rng, step=step, times=times)
+
+  def eval_verdicts(self, run, params, *, k: int, temperature: float, rng, diversity: str):
+    if diversity != 'iid':
+      raise ValueError(f"eval.diversity={diversity!r} samples single threads; threads.enabled "
+                       "evaluates fork/join episodes: set eval.diversity='iid'.")
+    return thread_verdicts(run, params, k=k, temperature=temperature, rng=rng)
+
+
+class TriePacking:
+
+  def trie(self, run, tokens_NxT, mask_NxT):
+    return trie_packing(run, tokens_NxT, mask_NxT)
+
+
+class PackedThreads(Threads, TriePacking):
+  pass

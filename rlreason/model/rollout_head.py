@@ -16,7 +16,7 @@ The learner projects to the vocabulary chunk by chunk (token_stats.py) and never
 logits, so `projection` gives it one matrix for both terms: [h, ReLU(W1 h)] @ [W_lm; W2].
 
 Not here: the two-stage schedule, which params train when, and the rarity reward
-(rl/r2po.py, objectives/advantages.r2po_rarity).
+(methods/r2po.py, objectives/advantages.r2po_rarity).
 """
 
 from typing import Any

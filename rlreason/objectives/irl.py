@@ -29,7 +29,7 @@ on r_φ as dense reward [S]. Everything below the sentence level is our formalis
   the mean Q̂ at the same position over the group's other rows that reach it (independent of
   a_t, so the estimate stays unbiased).
 
-Pure and jittable. Deliberately not here: the models that produce r_φ (rl/repirl.py applies
+Pure and jittable. Deliberately not here: the models that produce r_φ (methods/repirl.py applies
 the reward-model head per token), sampling, optimisers.
 """
 

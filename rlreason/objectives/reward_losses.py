@@ -3,7 +3,7 @@
   loss, metrics = pointwise(scores_N, labels_N)          # a QA pair right (1) or wrong (0)
   loss, metrics = bradley_terry(chosen_N, rejected_N)     # the chosen answer preferred
 
-Scores are the reward model's scalar logits, one per sequence (rl/reward_model.py reads
+Scores are the reward model's scalar logits, one per sequence (methods/reward_model.py reads
 them from the last real token's hidden state).
 
 - pointwise: binary cross-entropy with logits, mean over rows: the score is the log-odds

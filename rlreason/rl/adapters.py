@@ -50,7 +50,7 @@ class Adapter:
   merge: Callable  # jitted (base, adapter) -> model params in the training layout
   routing: str = ''  # '' (one adapter, merged) or 'dart' (two, routed per token)
   spec: Any = None  # With an env's call format: dart.route_spec (DART's routes, CEA's split)
-  cea: Callable | None = None  # rl/cea.py's jitted metrics, built on first use
+  cea: Callable | None = None  # methods/cea.py's jitted metrics, built on first use
 
 
 def lora_config(config) -> lora.LoraConfig | None:

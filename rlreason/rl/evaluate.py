@@ -7,7 +7,7 @@ restores the newest (or step N's) checkpoint in DIR, samples k completions per h
 prompt of the config, prints `pass@1=... pass@k=... mean@k=... maj@k=...`, and writes them
 with the step and settings to FILE (default DIR/eval/step_<N>.json); `--export` also writes
 the policy as a Hugging Face directory. `--pot [--pot_steps 6 --pot_candidates 8 --pot_rank 4
---pot_lr 3e-3]` also runs PoT (rl/pot.py: test-time GRPO on a transient LoRA adapter per
+--pot_lr 3e-3]` also runs PoT (methods/pot.py: test-time GRPO on a transient LoRA adapter per
 problem) on the same held-out prompts and adds greedy pass@1 with and without it
 (`pot_pass_at_1=`, `base_pass_at_1=` lines; "pot" in the JSON). From Python,
 `evaluate(run, params, ...)` does the sampling (the product's sampler) and scoring (the
@@ -17,9 +17,10 @@ pass@k uses the unbiased estimator of Chen et al. 2021 (arXiv 2107.03374): with 
 of which c are correct, pass@k = 1 - C(n - c, k) / C(n, k), averaged over prompts. The
 majority vote is over each sample's final answer (`answer_key`). `eval.diversity` (or the
 `diversity` argument) spreads the k samples over a schedule of structural hints, paraphrases
-or irrelevant comments instead of i.i.d. (rl/diversity.py). With threads.enabled each sample
-is a fork/join episode (rl/threads.py, as training samples them) judged on its parent's text,
-and the metrics add its critical path, sampled tokens and spawn rate (`thread_verdicts`).
+or irrelevant comments instead of i.i.d. (methods/diversity.py). A method may sample the
+evaluation itself (its `eval_verdicts`, rl/extensions.py): with threads.enabled each sample
+is a fork/join episode (methods/threads.py, as training samples them) judged on its parent's
+text, and the metrics add its critical path, sampled tokens and spawn rate.
 
 Deliberately not here: the verifiers themselves, the training loop.
 """
@@ -93,18 +94,16 @@ def sample_verdicts(run, params, *, k: int, temperature: float, rng, on_episodes
   sampled with the same key. Answers are None on more than one process (each host decodes
   only its rows), so majority vote is then left out. With run.env, each sample is an episode
   judged by the environment's verifier, and `on_episodes(episodes, examples)` sees the first
-  chunk's. `diversity` (default eval.diversity): 'iid', or rl/diversity.py's schedules.
+  chunk's. `diversity` (default eval.diversity): 'iid', or methods/diversity.py's schedules.
   """
   diversity = diversity or run.config.eval.get('diversity', 'iid')
-  if _threaded(run):
-    if diversity != 'iid':
-      raise ValueError(f"eval.diversity={diversity!r} samples single threads; threads.enabled "
-                       "evaluates fork/join episodes: set eval.diversity='iid'.")
-    return thread_verdicts(run, params, k=k, temperature=temperature, rng=rng)[:3]
+  method = _method_verdicts(run, params, k=k, temperature=temperature, rng=rng,
+                            diversity=diversity)
+  if method is not None:
+    return method[:3]
   if diversity != 'iid':
-    from rlreason.rl import diversity as diversity_lib
-    return diversity_lib.sample_verdicts(run, params, k=k, temperature=temperature, rng=rng,
-                                         mode=diversity, seed=run.config.seed)
+    raise ValueError(f'eval.diversity={diversity!r}: no method of this run samples it (the '
+                     "structured-diversity method's modes need methods/diversity.py).")
   import jax
   from rlreason.rl.rl_batch import decode_completions, verify
   from rlreason.rl.run_setup import encode_prompts
@@ -136,48 +135,9 @@ def sample_verdicts(run, params, *, k: int, temperature: float, rng, on_episodes
   return (np.concatenate(correct), answers if jax.process_count() == 1 else None, tokens)
 
 
-def _threaded(run) -> bool:
-  return run.config.get('threads') is not None and bool(run.config.threads.enabled)
-
-
-def thread_verdicts(run, params, *, k: int, temperature: float, rng):
-  """k fork/join episodes per held-out prompt (rl/threads.py's sampling, as in training),
-  each judged on its parent's text: (correct_BxK, answers_BxK, sampled tokens, the threaded
-  metrics: longest_path_mean, total_tokens_mean, spawned_frac over the episodes).
-
-  Chunks of run.eval_chunk prompts (the last one padded), each sampled with the same key."""
-  import jax
-  from rlreason.rl import threads
-  from rlreason.rollout import fork_join
-  if jax.process_count() > 1:
-    raise ValueError(f'threads.enabled evaluates fork/join episodes in one process; this run '
-                     f'has {jax.process_count()} (set threads.enabled=False or run on one host).')
-  examples, chunk = run.eval_examples, run.eval_chunk
-  correct, answers, path, total, spawned = [], [], [], [], []
-  for start in range(0, len(examples), chunk):
-    part = examples[start:start + chunk]
-    padded = part + [part[-1]] * (chunk - len(part))
-    out = threads.sample_threads(run, params, padded, rng, temperature=temperature,
-                                 group_size=k)
-    e = len(part) * k  # Episodes are prompt-major: the padding's come last.
-    tokens_N = np.asarray(out.rollout.loss_mask_NxL).sum(axis=1)
-    total_E = fork_join.total_tokens_E(tokens_N, out.parent_N)[:e]
-    verdicts = threads.episode_verdicts(run, out.final_texts[:e], part, group_size=k,
-                                        lengths_E=total_E)
-    correct.append(np.array([v.status == 'correct' for v in verdicts]).reshape(len(part), k))
-    keys = [answer_key(t) for t in out.final_texts[:e]]
-    answers += [keys[b * k:(b + 1) * k] for b in range(len(part))]
-    path += fork_join.longest_path_E(tokens_N, out.parent_N)[:e].tolist()
-    total += total_E.tolist()
-    spawned += out.spawned_E[:e].tolist()
-  stats = {'longest_path_mean': float(np.mean(path)), 'total_tokens_mean': float(np.mean(total)),
-           'spawned_frac': float(np.mean(spawned))}
-  return np.concatenate(correct), answers, int(np.sum(total)), stats
-
-
 def _episode_verdicts(run, params, examples, k, temperature, rng, on_episodes):
   """(correct_BxK, answer keys per episode, sampled tokens) of k episodes per example."""
-  from rlreason.rl.train import run_episodes
+  from rlreason.rl.episode_sampling import run_episodes
   from rlreason.rollout import episodes as episodes_lib
   episodes = run_episodes(run, params, examples, rng, group_size=k, temperature=temperature)
   if on_episodes is not None:
@@ -188,21 +148,56 @@ def _episode_verdicts(run, params, examples, k, temperature, rng, on_episodes):
   return ok_BxK, keys, int(np.asarray(episodes.rollout.loss_mask_NxL)[:rows].sum())
 
 
+def _method_verdicts(run, params, *, k: int, temperature: float, rng, diversity: str):
+  """The first method's `eval_verdicts` that samples this evaluation (threads' fork/join
+  episodes, diversity's schedules): (correct_BxK, answers_BxK, tokens, stats), or None."""
+  from rlreason.rl import extensions
+  methods = getattr(run, 'methods', None)
+  if methods is None:  # A run put together by hand (not run_setup.build): its methods now.
+    methods = extensions.build_methods(run)
+  for method in methods.values():
+    if not hasattr(method, 'eval_verdicts'):
+      continue
+    out = method.eval_verdicts(run, params, k=k, temperature=temperature, rng=rng,
+                               diversity=diversity)
+    if out is not None:
+      return out
+  return None
+
+
 def evaluate(run, params, *, k: int, temperature: float, rng, on_episodes=None,
              diversity: str | None = None) -> dict[str, float]:
-  """pass@1, pass@k, mean@k, maj@k on run.eval_examples, and the tokens generated (with
-  threads.enabled also longest_path_mean, total_tokens_mean, spawned_frac: `thread_verdicts`)."""
-  stats = {}
-  if _threaded(run) and (diversity or run.config.eval.get('diversity', 'iid')) == 'iid':
-    correct_BxK, answers_BxK, tokens, stats = thread_verdicts(run, params, k=k,
-                                                              temperature=temperature, rng=rng)
+  """pass@1, pass@k, mean@k, maj@k on run.eval_examples, and the tokens generated (with a
+  method that samples evaluation itself, its metrics too: threads' longest_path_mean,
+  total_tokens_mean, spawned_frac)."""
+  diversity = diversity or run.config.eval.get('diversity', 'iid')
+  out = _method_verdicts(run, params, k=k, temperature=temperature, rng=rng,
+                         diversity=diversity)
+  if out is not None:
+    correct_BxK, answers_BxK, tokens, stats = out
   else:
+    stats = {}
     correct_BxK, answers_BxK, tokens = sample_verdicts(run, params, k=k, temperature=temperature,
                                                        rng=rng, on_episodes=on_episodes,
                                                        diversity=diversity)
   out = summarize(correct_BxK, answers_BxK=answers_BxK, ks=sorted({1, k}))
   out['generated_tokens'] = float(tokens)
   return {**out, **stats}
+
+
+def evaluate_policy(run, params, rng, *, step: int = 0) -> dict[str, float]:
+  """Greedy (or eval.temperature) pass@1 / pass@k / mean@k / maj@k on the held-out prompts
+  (with env.enabled: episodes, whose first chunk's transcripts are written)."""
+  import jax
+  from rlreason.rl import episode_sampling
+  on_episodes = None
+  if run.env is not None and jax.process_index() == 0:
+    on_episodes = lambda ep, ex: episode_sampling.write_transcripts(run, ep, ex, step=step,
+                                                                    kind='eval')
+  summary = evaluate(run, params, k=run.config.eval.k, temperature=run.config.eval.temperature,
+                     rng=rng, on_episodes=on_episodes)
+  tokens = summary.pop('generated_tokens')
+  return {**{f'eval/{k}': v for k, v in summary.items()}, 'tokens/eval': tokens}
 
 
 def restore_params(run, *, step: int | None = None, from_best: bool = False):
@@ -223,11 +218,12 @@ def evaluate_checkpoint(config, workdir, *, step: int | None = None, from_best: 
                         export: str = '', pot_options: dict | None = None) -> dict:
   """The command line's work: restore, evaluate, write the JSON (and export); returns it.
 
-  pot_options (steps, candidates, rank, lr): also PoT on the same prompts (rl/pot.py)."""
+  pot_options (steps, candidates, rank, lr): also PoT on the same prompts (methods/pot.py)."""
   import jax
   from rlreason import config as config_lib
-  from rlreason.rl import pot
+  from rlreason.rl import extensions
   from rlreason.rl import run_setup
+  pot = extensions.module('pot')  # The command line's --pot (methods/pot.py).
   if pot_options is not None:
     pot.check_options(**pot_options)  # Before the (slow) build: bad flags fail at once.
   workdir = pathlib.Path(workdir)

@@ -49,6 +49,7 @@ import numpy as np
 from rlreason import config as config_lib
 from rlreason.model import attention
 from rlreason.model import transformer
+from rlreason.rollout import continuous
 from rlreason.rollout import sampler
 
 # completion_stats' defaults (update.py): positions and vocabulary columns per logit chunk.
@@ -203,3 +204,29 @@ def compiled_peak(compiled) -> int:
   a = compiled.memory_analysis()
   return (a.argument_size_in_bytes + a.output_size_in_bytes - a.alias_size_in_bytes
           + a.temp_size_in_bytes)
+
+
+def check_sample_memory(config, cfg) -> None:
+  """ValueError naming rl.slots when the continuous sampler's memory estimate (with its
+  carried pool under partial rollouts) exceeds rl.sample_memory_gb (0: no check)."""
+  rl = config.rl
+  budget_gb = rl.get('sample_memory_gb', 0)
+  if not budget_gb or rl.get('sampler', 'static') != 'continuous':
+    return
+  p = config.prefix_rollouts
+  kw = dict(rows=rl.prompts_per_step * rl.group_size * (2 if rl.get('partial_rollouts') else 1),
+            group_size=rl.group_size, prompt_len=max(config.data.prompt_buckets),
+            max_new_tokens=rl.max_new_tokens, prefix_len=p.max_tokens if p.enabled else 0,
+            sample_dtype=rl.sample_dtype or None)
+  est = continuous.memory_estimate(cfg, slots=rl.slots, **kw)
+  budget = int(budget_gb * 2**30)
+  if est['total'] > budget:
+    parts = ', '.join(f'{k}={v / 2**30:.3f} GiB' for k, v in est.items())
+    raise ValueError(
+        f'rl.slots={rl.slots}: the continuous sampler needs about {est["total"] / 2**30:.3f} '
+        f'GiB ({parts}), more than rl.sample_memory_gb={budget_gb}; at most '
+        f'{continuous.max_slots(budget, cfg, **kw)} slots fit. Lower rl.slots or '
+        'rl.max_new_tokens, or raise rl.sample_memory_gb.')
+
+
+# The config fields that fix the pool's shapes: a resumed pool must have been sampled with them.

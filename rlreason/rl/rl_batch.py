@@ -21,7 +21,7 @@ from rlreason.rollout import judge as judge_lib
 from rlreason.rollout import sampler
 from rlreason.rollout import slate
 from rlreason.objectives import offpolicy
-from rlreason.rl import monitors
+from rlreason.rl import extensions
 from rlreason.structs import VERSION_ENV, Rollout, TrainBatch
 from rlreason.tasks import example as example_lib
 from rlreason.verifiers import overlong
@@ -116,9 +116,9 @@ def score(run, rollout: Rollout, examples, *, progress: float, params=None,
         judge_rewards=result.rewards_N, progress=progress)
     rewards_BxG, judge_N = np.array(rewards_N, np.float32).reshape(-1, g), result.rewards_N
     metrics.update({**result.metrics(), **mix_metrics})
-  if getattr(run, 'reward_model', None) is not None and judge:  # Training rewards only; evaluation counts verdicts.
-    rewards_BxG, rm_metrics = learned_rewards(run, rollout, rewards_BxG)
-    metrics.update(rm_metrics)
+  for mix in (extensions.hooks(run, 'mix_rewards') if judge else ()):  # Training rewards
+    rewards_BxG, mix_metrics = mix(run, rollout, rewards_BxG)  # only (a reward model's):
+    metrics.update(mix_metrics)  # evaluation counts verdicts.
   if run.config.overlong.enabled:
     all_lengths_N = multihost.gather_rows(lengths_N)
     penalty_BxG = np.array([overlong.overlong_penalty(int(n), **limits) for n in all_lengths_N],
@@ -126,28 +126,14 @@ def score(run, rollout: Rollout, examples, *, progress: float, params=None,
     rewards_BxG = rewards_BxG + penalty_BxG
     metrics['overlong/penalty_mean'] = float(penalty_BxG.mean())
     metrics['overlong/penalised_frac'] = float((penalty_BxG < 0).mean())
-  m = getattr(run.config, 'monitors', None)
-  if judge and m is not None and m.enabled:  # Reward-hacking monitors (rl/monitors.py).
-    metrics.update(monitors.batch_metrics(
+  for hook in (extensions.hooks(run, 'score_metrics') if judge else ()):  # Monitors.
+    metrics.update(hook(
         run, texts=texts, items=items, examples=examples, rewards_BxG=rewards_BxG,
         verifier_BxG=verifier_BxG, lengths_N=multihost.gather_rows(lengths_N), judge_N=judge_N,
         params=params, progress=progress))
   scores = Scores(rewards_BxG=rewards_BxG, verifier_BxG=verifier_BxG, modes_BxG=modes_BxG,
                   metrics=metrics)
   return scores, verdicts
-
-
-def learned_rewards(run, rollout: Rollout, rewards_BxG):
-  """verifier_weight x rewards + weight x the reward model's (config.reward_model), and metrics:
-  the RM's mean and how often its sign agrees with the verifier's verdict (reward > 0.5)."""
-  r = run.config.reward_model
-  tokens_NxT, mask_NxT = sampler.sequences(rollout)
-  scores_N = np.asarray(jax.device_get(run.reward_model.score(tokens_NxT, mask_NxT)), np.float32)
-  rm_N = 1.0 / (1.0 + np.exp(-scores_N)) if r.transform == 'sigmoid' else scores_N
-  agree = float(np.mean((scores_N > 0) == (rewards_BxG.reshape(-1) > 0.5)))
-  mixed = r.verifier_weight * rewards_BxG + r.weight * rm_N.reshape(rewards_BxG.shape)
-  return mixed.astype(np.float32), {'reward_model/mean': float(rm_N.mean()),
-                                    'reward_model/agreement': agree}
 
 
 def verify(run, rollout: Rollout, examples, *, progress: float, return_verdicts: bool = False,
@@ -227,10 +213,9 @@ def make_train_batch(run, params, rollout: Rollout, *, value_params=None):
   `value_params` is given; advantages (and GAE returns) are filled in later."""
   tokens_NxT, mask_NxT = sampler.sequences(rollout)
   length = rollout.tokens_NxL.shape[1]
-  trie = ()  # threads.trie_packing: each episode's rows as one packed trie (rollout/trie.py)
-  if run.config.get('threads') is not None and run.config.threads.get('trie_packing'):
-    from rlreason.rl import threads  # (threads imports this module)
-    trie = (threads.trie_packing(run, tokens_NxT, mask_NxT),)
+  trie = ()  # A method's packing of rows as one trie (rollout/trie.py; fork/join threads).
+  for pack in extensions.hooks(run, 'trie'):
+    trie = (pack(run, tokens_NxT, mask_NxT),)
   stats = run.logprobs(params, tokens_NxT, mask_NxT, length, *trie)
   ref = stats.logprobs_NxT
   if run.objective.kl_coef:
@@ -258,7 +243,7 @@ def make_train_batch(run, params, rollout: Rollout, *, value_params=None):
 def tag_versions(rollout: Rollout, *, version: int, prefix_version=None,
                  per_token: bool = False) -> Rollout:
   """The rollout with its provenance: sampled tokens `version`, prefix tokens (an older
-  snapshot's) `prefix_version` (one for all rows, or each row's: int N, rl/soup.py), episode
+  snapshot's) `prefix_version` (one for all rows, or each row's: int N, methods/soup.py), episode
   observations VERSION_ENV (structs.py); negative marks the collector set already (a
   rollback's corrected calls, rollout/rollback.py) are kept, and with per_token all its marks
   (partial rollouts' sampling versions, rollout/partial.py)."""

@@ -1,7 +1,8 @@
 """Everything a run builds once from its config: model, tokenizer, data, verifiers, jitted steps.
 
 `build(config, workdir) -> Run`. The Run holds the pieces the loop in train.py uses, plus the
-supervised warm start (`sft_loop`), which shares the same state and checkpoints.
+supervised warm start (`sft_loop`), which shares the same state and checkpoints. A method's
+built state is not a field here: it is `run.methods[name]` (rl/extensions.py).
 
 Deliberately not here: the RL loop (train.py), per-step batch construction (rl_batch.py).
 """
@@ -30,10 +31,9 @@ from rlreason.model import transformer
 from rlreason.model import weights
 from rlreason.rl import adapters
 from rlreason.rl import checkpoint
-from rlreason.rl import partial_rollouts
+from rlreason.rl import extensions
+from rlreason.rl import memory
 from rlreason.rl import prompt_schedule
-from rlreason.rl import r2po
-from rlreason.rl import soup
 from rlreason.rl import update
 from rlreason.rollout import judge as judge_lib
 from rlreason.rollout import sampler
@@ -69,9 +69,6 @@ class Run:
   sample_mesh: Any = None  # Where the sampler runs (config.sample_mesh); the mesh by default.
   judge: Any = None  # With config.judge.enabled: a judge.Judge and the RewardComposition
   reward_mix: Any = None  # of its reward with the verifier's.
-  prefix_params: Any = None  # With prefix_rollouts.enabled: the newest older snapshot,
-  prefix_step: int = 0  # its step, and the older ones kept, [(step, params)] newest
-  prefix_history: Any = None  # first (prefix_rollouts.keep > 1: rl/soup.py).
   values: Callable | None = None  # With critic.enabled: jitted update.values_step,
   init_value_params: Any = None  # the fresh value head
   value_optimizer: Any = None  # and its optimizer (critic.lr).
@@ -79,9 +76,10 @@ class Run:
   env: Any = None  # With env.enabled: the envs.environment.ToolEnvironment
   renderer: Any = None  # and the text around its turns (envs.render).
   adapter: Any = None  # With lora.enabled: the frozen base and its merge (rl/adapters.py).
-  stages: Any = None  # With r2po.enabled: its two stages' update pieces (rl/r2po.py).
-  reward_model: Any = None  # With reward_model.path: the loaded rl/reward_model.RewardModel.
-  partial: Any = None  # With rl.partial_rollouts: the carried pool (rl/partial_rollouts.py).
+  # The learner schedule (rl/extensions.py): one plain stage, or a method's (R²PO's stages).
+  schedule: Any = dataclasses.field(default_factory=extensions.PlainSchedule)
+  # The methods this config turns on, by name (rl/extensions.py): each one's built state.
+  methods: dict = dataclasses.field(default_factory=dict)
 
   def policy(self, trainable):
     """The model's params from the TrainState's (what evaluation, export and the reference
@@ -94,11 +92,9 @@ class Run:
     return trainable if self.adapter is None else self.adapter.merge(self.adapter.base,
                                                                       trainable)
 
-  def stage(self, step: int) -> r2po.Stage:
-    """What step `step`'s update uses: R²PO's stage then (rl/r2po.py), else the plain one."""
-    if self.stages is None:
-      return r2po.Stage(0, learner=rollout_head.detach, advantage='', train_step=self.train_step)
-    return self.stages[r2po.stage_at(step, tuple(self.config.r2po.switch_steps))]
+  def stage(self, step: int) -> extensions.Stage:
+    """What step `step`'s update uses: the learner schedule's stage then."""
+    return self.schedule.stage(step)
 
   def restore_or_init(self, release_init_params: bool = False):
     """(state, step): the newest restorable checkpoint, or fresh state at step 0.
@@ -130,13 +126,11 @@ class Run:
     self.restored = True
     if data_state:
       self.data_iter.set_state(data_state)
-    if self.partial is not None:  # The rows in flight at that step, and their examples.
-      self.partial.restore(step)
     logging.info('resumed from step %d in %s', step, self.workdir)
     if self.config.objective.kl_coef:
-      self.ref_params = self._ref_from_checkpoint(abstract)
-    if self.config.prefix_rollouts.enabled:
-      soup.restore_buffer(self, abstract.params, step, self._ref_from_checkpoint(abstract))
+      self.ref_params = self.warm_start_policy(abstract)
+    for hook in extensions.hooks(self, 'on_restore'):  # Methods' state at that step.
+      hook(self, step, abstract)
     return state, step
 
   def init_state(self, params):
@@ -149,25 +143,22 @@ class Run:
       return jax.jit(self.init_state, out_shardings=self.state_shardings,
                      donate_argnums=(0,) if donate else ())(self.init_params)
 
-  def _ref_from_checkpoint(self, abstract):
-    # The reference policy is the step-0 policy (after the warm start).
+  def warm_start_policy(self, abstract):
+    """The step-0 policy (after the warm start): the reference policy, or None."""
     restored = warm_start_checkpointer(self.workdir).restore(abstract)
     return None if restored is None else self.policy(restored[1].params)
 
   def save(self, step: int, state, *, metrics=None) -> None:
     if step == 0 and self.config.objective.kl_coef:
       self.ref_params = jax.tree.map(jnp.copy, self.policy(state.params))
-    if step == 0 and self.config.prefix_rollouts.enabled:
-      self.prefix_params = sharding.reshard(jax.tree.map(jnp.copy, self.policy(state.params)),
-                                            self.sample_shardings)
     saved_config = self.config.to_dict()
     if self.adapter is not None:
       saved_config[adapters.FINGERPRINT_KEY] = self.adapter.fingerprint
     kw = dict(data_state=self.data_iter.get_state(), config=saved_config, force=True)
     self.checkpointer.save(step, state, metrics=metrics, **kw)
     self.checkpointer.wait()
-    if self.partial is not None:
-      self.partial.save(step)
+    for hook in extensions.hooks(self, 'on_save'):  # Methods' state beside the checkpoint.
+      hook(self, step, state)
     if step == 0:  # Kept apart from keep-last-k: the reference policy and baselines start here.
       warm = warm_start_checkpointer(self.workdir)
       warm.save(0, state, **kw)
@@ -176,8 +167,8 @@ class Run:
 
   def close(self) -> None:
     self.checkpointer.close()
-    if self.partial is not None:
-      self.partial.close()
+    for close in extensions.hooks(self, 'close'):
+      close()
     self.pool.close()
 
 
@@ -262,7 +253,7 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
   if tok.vocab_size > cfg.vocab_size:
     raise ValueError(f'tokenizer has {tok.vocab_size} ids but the model only '
                      f'{cfg.vocab_size} (model.arch.vocab_size / the checkpoint).')
-  partial_rollouts.check_sample_memory(config, cfg)  # rl.sample_memory_gb against rl.slots.
+  memory.check_sample_memory(config, cfg)  # rl.sample_memory_gb against rl.slots.
   mesh = sharding.make_mesh(dict(config.mesh))
   sample_mesh = multihost.sample_mesh(mesh, **dict(config.get('sample_mesh', {'kind': 'train'})))
   others = ('prefix_rollouts', 'hapo', 'judge')
@@ -276,16 +267,16 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
   sample_sh = sharding.param_shardings(cfg, sample_mesh, sharding.SAMPLE_RULES)
   # DART: the policy carries its routed adapters (rl/adapters.py).
   sample_sh = adapters.rollout_shardings(adapter, sample_sh, trainable_sh, sample_mesh)
-  if config.r2po.enabled:  # The model's params + the rollout head.
-    params, trainable_sh = r2po.setup(config, cfg, params, mesh, param_sh)
-    sample_sh = r2po.with_head_shardings(sample_sh, params, sample_mesh, sharding.SAMPLE_RULES)
+  schedule = extensions.learner_schedule(config)  # R²PO's: the params + its rollout head.
+  params, trainable_sh, sample_sh = schedule.setup_params(
+      config, cfg, params, mesh=mesh, param_shardings=trainable_sh, sample_shardings=sample_sh,
+      sample_mesh=sample_mesh)
   params = jax.device_put(params, trainable_sh)
   opt = config.optimizer
   make_opt = functools.partial(make_optimizer, lr=opt.lr, warmup_steps=opt.warmup_steps,
                                b1=opt.b1, b2=opt.b2, weight_decay=opt.weight_decay,
                                grad_clip=opt.grad_clip)
-  # R²PO: the backbone stage's optimizer (same state as the head stage's: rl/r2po.py).
-  optimizer = r2po.stage_optimizer(make_opt, 2) if config.r2po.enabled else make_opt()
+  optimizer = schedule.optimizer(make_opt)  # A schedule's stages share the state's structure.
   critic = config.critic
   value_optimizer = value_params = None
   if critic.enabled:
@@ -313,14 +304,14 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
                                            to_model=adapters.to_model(adapter, base, cfg)),
       out_shardings=(state_sh, None), donate_argnums=0)
   train_step = functools.partial(train_step, base=None if adapter is None else adapter.base)
-  stages = None
-  if config.r2po.enabled:  # One train step per stage, each with its optimizer and learner.
-    stages = r2po.stages(lambda stage_opt, stage_to_model: jax.jit(
-        lambda s, b: update.train_step(s, b, cfg=cfg, objective=objective, optimizer=stage_opt,
-                                       micro_batches=config.rl.micro_batches,
-                                       value_optimizer=value_optimizer,
-                                       to_model=stage_to_model),
-        out_shardings=(state_sh, None), donate_argnums=0), make_opt)
+  # One train step per stage, each with its optimizer and learner (a plain run: train_step).
+  schedule.build_stages(lambda stage_opt, stage_to_model: jax.jit(
+      lambda s, b: update.train_step(s, b, cfg=cfg, objective=objective, optimizer=stage_opt,
+                                     micro_batches=config.rl.micro_batches,
+                                     value_optimizer=value_optimizer,
+                                     to_model=stage_to_model),
+      out_shardings=(state_sh, None), donate_argnums=0), make_opt, train_step,
+                        rollout_head.detach)
   logprobs = jax.jit(lambda p, t, m, l, trie=None: update.logprobs_step(
       p, t, m, cfg=cfg, completion_len=l, temperature=objective.temperature, trie=trie),
                      static_argnums=3)
@@ -341,13 +332,7 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
       root_rng=multihost.replicate_key(jax.random.fold_in(root, 1), mesh),
       eval_rng=multihost.replicate_key(jax.random.fold_in(root, 2), mesh),
       optimizer=optimizer, init_value_params=value_params, value_optimizer=value_optimizer,
-      adapter=adapter, stages=stages)
-  if config.reward_model.path:  # A learned reward, scored on device (rl/reward_model.py).
-    if jax.process_count() > 1:
-      raise ValueError('reward_model.path: the reward model scores the whole batch on one host; '
-                       'multi-host runs are not supported yet.')
-    from rlreason.rl import reward_model
-    run.reward_model = reward_model.load(config.reward_model.path, vocab_size=tok.vocab_size)
+      adapter=adapter, schedule=schedule)
   if critic.enabled:
     run.init_value_params = jax.device_put(value_params, state_sh.value_params)
     run.values = jax.jit(lambda p, v, t, m, l: update.values_step(
@@ -361,15 +346,13 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
     raise ValueError('hapo.enabled and prefix_rollouts.enabled are single-host for now.')
   if config.env.enabled:
     run.env, run.renderer = make_environment(config, tok, eval_examples[:8])
-  if config.rl.get('partial_rollouts'):
-    run.partial = partial_rollouts.PartialRollouts(config, cfg, tok=tok, pad_id=pad_id,
-                                                   sample_mesh=sample_mesh, workdir=workdir)
   if config.judge.enabled:
     run.judge, run.reward_mix = judge_lib.from_config(config.judge, policy_cfg=cfg, policy_tok=tok,
                                                       mesh=mesh, seed=config.seed)
     if config.judge.get('rubrics'):  # SCRIBE: each step judged with its routed rubric.
       from rlreason.rollout import scribe
       run.judge = scribe.wrap(config.judge, run.judge)
+  run.methods = extensions.build_methods(run)  # Last: a method may read any core piece.
   return run
 
 

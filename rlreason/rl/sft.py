@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlreason.rl import adapters
-from rlreason.rl import rejection_sampling
+from rlreason.rl import extensions
 from rlreason.rl import update
 from rlreason.rl.run_setup import Run, make_optimizer, prompt_text
 from rlreason.tasks import data
@@ -80,7 +80,7 @@ def sft_loop(run: Run, state, *, steps: int, writer=None, solutions=None, seed_o
   `solutions(examples, rng) -> list[str | None]` overrides the configured teacher (rejection
   sampling fine-tuning passes verified samples); rows whose solution is None are skipped.
   Otherwise `sft.filter` ('rrs', 'answer') keeps only the teacher's traces that pass it when
-  executed in the run's environment (rl/rejection_sampling.py), `sft.filter_tries` per problem.
+  executed in the run's environment (methods/rejection_sampling.py), `sft.filter_tries` per problem.
   `seed_offset` picks another problem stream, so that a continuation does not replay the
   warm start's problems.
   """
@@ -91,9 +91,8 @@ def sft_loop(run: Run, state, *, steps: int, writer=None, solutions=None, seed_o
                              decay_steps=steps if s.decay else 0)
   teacher = teacher_fn(s.teacher, s.teacher_options)
   filtered = None
-  if solutions is None and s.filter != 'unfiltered':
-    filtered = rejection_sampling.FilteredTeacher(run.env, teacher, rule=s.filter,
-                                                  tries=s.filter_tries)
+  for hook in (extensions.hooks(run, 'sft_solutions') if solutions is None else ()):
+    filtered = hook(run, teacher)  # sft.filter (methods/rejection_sampling.py).
   solutions = solutions or filtered or (lambda exs, rng: [teacher(ex, rng) for ex in exs])
   # A copy: the jitted step donates its state, and callers may still hold `state`.
   sft_state = update.init_state(jax.tree.map(jnp.copy, state.params), optimizer)

@@ -10,10 +10,11 @@ Synchronous by default; with rl.async_mode the rollouts come from rl/async_rl.py
 up to rl.max_staleness steps ahead. Deliberately not here: multi-host data feeding beyond
 per-process sharding of the prompt stream. The optional critic (config.critic)
 is a value head on the policy's trunk, trained in the same update (update.py).
+
+The loop names no method: a method's rollout source, batch hooks, metrics and learner
+schedule come from rl/extensions.py, built once with the run (`run.methods`).
 """
 
-import contextlib
-import dataclasses
 import logging
 import time
 from typing import Any
@@ -27,54 +28,56 @@ from rlreason import multihost
 from rlreason.model import sharding
 from rlreason.rl import adapters
 from rlreason.rl import async_rl
-from rlreason.rl import cea
 from rlreason.rl import checkpoint
+from rlreason.rl import episode_sampling
+from rlreason.rl import evaluate
+from rlreason.rl import extensions
 from rlreason.rl import metrics as metrics_lib
-from rlreason.rl import mixed_policy
-from rlreason.rl import partial_rollouts
-from rlreason.rl import monitors
-from rlreason.rl import slate_steps
-from rlreason.rl import soup
-from rlreason.rollout import episodes as episodes_lib
-from rlreason.rollout import rollback as rollback_lib
-from rlreason.rollout import sampler
 from rlreason.rl.rl_batch import (advantages_for, dynamic_filter, generate_rollout,
-                                  make_train_batch, provenance_metrics, score, score_episodes,
-                                  tag_versions, throughput, zero_variance_fraction)
+                                  make_train_batch, provenance_metrics, score, tag_versions,
+                                  throughput, zero_variance_fraction)
 from rlreason.rl.run_setup import Run, build, encode_prompts, export_policy
 from rlreason.rl.sft import sft_loop
+from rlreason.rl.timing import phase
+from rlreason.rollout import sampler
 
-
-@contextlib.contextmanager
-def phase(times: dict[str, float], name: str):
-  start = time.perf_counter()
-  yield
-  times[f'time/{name}_s'] = times.get(f'time/{name}_s', 0.0) + time.perf_counter() - start
+# Re-exported: callers name them train.X (they moved to episode_sampling.py and evaluate.py).
+run_episodes = episode_sampling.run_episodes
+evaluate_policy = evaluate.evaluate_policy
 
 
 def sample_and_verify(run: Run, params, examples, rng, *, step: int, progress: float,
                       times: dict[str, float]):
   """One batch of B prompts x G samples, scored: (rollout, rl_batch.Scores).
 
-  With prefix_rollouts, rows start from an older snapshot's prefix; the schedule records
-  the policy's rewards; with hapo, teacher traces then replace some lowest-reward rows.
+  From the run's rollout source (a method's, rl/extensions.py), else its environment's
+  episodes, else the static sampler; then the methods' batch hooks (HAPO's injection).
   """
-  if run.config.slate.enabled:  # SLATE's candidate-step rows (rollout/slate.py).
-    return slate_steps.sample_and_score(run, params, examples, rng, step=step, times=times)
-  if run.config.get('threads') is not None and run.config.threads.enabled:  # fork/join rows
-    from rlreason.rl import threads
-    return threads.sample_and_score(run, params, examples, rng, step=step, times=times)
-  if run.env is not None:
-    return sample_episodes(run, params, examples, rng, step=step, times=times)
-  if run.partial is not None:  # rl.partial_rollouts: whole groups from the carried pool.
-    return partial_rollouts.sample_and_verify(run, params, examples, rng, step=step,
+  source = extensions.rollout_source(run)
+  if source is not None:
+    rollout, scores = source.sample_and_score(run, params, examples, rng, step=step,
                                               progress=progress, times=times)
+  elif run.env is not None:
+    rollout, scores = episode_sampling.sample_episodes(run, params, examples, rng, step=step,
+                                                       times=times)
+  else:
+    rollout, scores = sample_static(run, params, examples, rng, step=step, progress=progress,
+                                    times=times)
+  for hook in extensions.hooks(run, 'after_score'):
+    rollout, scores = hook(run, rollout, scores, examples, rng=rng, step=step, params=params,
+                           progress=progress)
+  return rollout, scores
+
+
+def sample_static(run: Run, params, examples, rng, *, step: int, progress: float,
+                  times: dict[str, float]):
+  """The sampler's rows for B prompts x G samples (rl.sampler 'static' or 'continuous'),
+  scored; a method's `prefixes` (SOUP's older snapshots) start the rows."""
   rl, prompts = run.config.rl, encode_prompts(run, examples)
   with phase(times, 'generate'):
     prefixes = prefix_version = None
-    if run.prefix_params is not None:  # From the keep-k buffer of snapshots (rl/soup.py).
-      prefixes, prefix_version = soup.buffer_prefixes(run, prompts,
-                                                      key=mixed_policy.prefix_key(rng))
+    for hook in extensions.hooks(run, 'prefixes'):
+      prefixes, prefix_version = hook(run, prompts, rng)
     if run.sample_mesh is not run.mesh:  # The key too must live on the sampling mesh.
       rng = multihost.replicate_key(rng, run.sample_mesh)
     with jax.set_mesh(run.sample_mesh):  # The training mesh unless sample_mesh.kind='host'.
@@ -89,19 +92,6 @@ def sample_and_verify(run: Run, params, examples, rng, *, step: int, progress: f
           lambda x: sharding.data_sharding(run.mesh, x.shape), rollout))
     rollout = tag_versions(rollout, version=step - 1, prefix_version=prefix_version)
   scores = verify_rollout(run, rollout, examples, progress=progress, params=params, times=times)
-  rewards_BxG, vmetrics = scores.rewards_BxG, scores.metrics
-  if run.config.hapo.enabled:
-    rollout, rewards_BxG, hapo_metrics = mixed_policy.hapo_inject(
-        run, rollout, rewards_BxG, examples, step=step, key=mixed_policy.hapo_key(rng),
-        params=params, progress=progress)
-    vmetrics.update(hapo_metrics)
-    vmetrics['hapo/zero_variance_frac'] = zero_variance_fraction(rewards_BxG)
-    # Injected teacher rows: their reward is the teacher's, their behaviour mode unknown.
-    injected_BxG = rewards_BxG != scores.rewards_BxG
-    scores = dataclasses.replace(
-        scores, rewards_BxG=rewards_BxG, metrics=vmetrics,
-        verifier_BxG=np.where(injected_BxG, rewards_BxG, scores.verifier_BxG),
-        modes_BxG=np.where(injected_BxG, -1, scores.modes_BxG))
   return rollout, scores
 
 
@@ -116,97 +106,6 @@ def verify_rollout(run: Run, rollout, examples, *, progress: float, times: dict[
   run.data_iter.record(examples, scores.rewards_BxG)
   scores.metrics['train/zero_variance_frac'] = zero_variance_fraction(scores.rewards_BxG)
   return scores
-
-
-def run_episodes(run: Run, params, examples, rng, *, group_size: int, temperature: float,
-                 rollback=None, slots: int = 0):
-  """G episodes per example with the run's environment (config.env), on the sampling mesh;
-  `rollback` (rollout/rollback.Settings) for training episodes only; `slots` > 0: continuous
-  batching, one episode per slot (rollout/continuous_episodes.py, rl.sampler='continuous')."""
-  e, rl = run.config.env, run.config.rl
-  if e.get('kind', 'tools') == 'artist':  # ARTIST: a controller row and a reasoner row each.
-    from rlreason.rollout import roles
-    with jax.set_mesh(run.sample_mesh):
-      return roles.run_role_episodes(
-          params, run.env, run.tok, examples, cfg=run.cfg, group_size=group_size,
-          max_turn_tokens=e.max_turn_tokens, prompt_tokens=max(run.config.data.prompt_buckets),
-          rng=rng, temperature=temperature, top_k=rl.top_k, top_p=rl.top_p, pad_id=run.pad_id,
-          max_chunks=rl.decode_chunks)
-  if e.get('state', 'raw') == 'typed':  # MIND: a row per turn, prompted with the state alone.
-    from rlreason.rollout import typed_episodes
-    with jax.set_mesh(run.sample_mesh):
-      return typed_episodes.run_typed_episodes(
-          params, run.env, run.renderer, run.tok, examples, cfg=run.cfg, group_size=group_size,
-          max_turns=e.max_turns, max_turn_tokens=e.max_turn_tokens,
-          state_tokens=max(run.config.data.prompt_buckets), rng=rng, temperature=temperature,
-          top_k=rl.top_k, top_p=rl.top_p, pad_id=run.pad_id, max_chunks=rl.decode_chunks)
-  if slots:
-    from rlreason.rollout import continuous_episodes
-    with jax.set_mesh(run.sample_mesh):
-      return continuous_episodes.run_episodes(
-          params, run.env, run.renderer, run.tok, examples, cfg=run.cfg, group_size=group_size,
-          slots=slots, max_turns=e.max_turns, max_turn_tokens=e.max_turn_tokens,
-          max_observation_tokens=e.max_observation_tokens, max_total_tokens=rl.max_new_tokens,
-          rng=rng, prompt_buckets=run.config.data.prompt_buckets, temperature=temperature,
-          top_k=rl.top_k, top_p=rl.top_p, pad_id=run.pad_id, max_workers=e.workers)
-  with jax.set_mesh(run.sample_mesh):
-    return episodes_lib.run_episodes(
-        params, run.env, run.renderer, run.tok, examples, cfg=run.cfg, group_size=group_size,
-        max_turns=e.max_turns, max_turn_tokens=e.max_turn_tokens,
-        max_observation_tokens=e.max_observation_tokens, max_total_tokens=rl.max_new_tokens,
-        rng=rng, prompt_buckets=run.config.data.prompt_buckets, temperature=temperature,
-        top_k=rl.top_k, top_p=rl.top_p, pad_id=run.pad_id, max_workers=e.workers,
-        rollback=rollback)
-
-
-def sample_episodes(run: Run, params, examples, rng, *, step: int, times: dict[str, float]):
-  """One batch of B prompts x G episodes, rewarded by the environment: (rollout, Scores).
-  At evaluation steps, the first env.transcripts episodes are written (rlreason.episodes)."""
-  with phase(times, 'generate'):
-    episodes = run_episodes(run, params, examples, rng, group_size=run.config.rl.group_size,
-                            temperature=run.config.rl.temperature,
-                            rollback=rollback_lib.from_config(run.config.env),
-                            slots=run.config.rl.slots
-                            if run.config.rl.get('sampler', 'static') == 'continuous' else 0)
-  scores = score_episodes(run, episodes)
-  rollout = tag_versions(episodes.rollout, version=step - 1)
-  sampled = int(jax.device_get(episodes.rollout.loss_mask_NxL.sum()))
-  times['tokens/generate'] = times.get('tokens/generate', 0) + sampled
-  run.data_iter.record(examples, scores.rewards_BxG)
-  scores.metrics['train/zero_variance_frac'] = zero_variance_fraction(scores.rewards_BxG)
-  every = run.config.eval.every
-  if every and step % every == 0 and jax.process_index() == 0:
-    write_transcripts(run, episodes, examples, step=step, kind='train')
-  return rollout, scores
-
-
-def write_transcripts(run: Run, episodes, examples, *, step: int, kind: str) -> None:
-  from rlreason.envs import transcripts
-  # Typed-state episodes (rollout/typed_episodes.py) train on rows per turn; the transcript
-  # shows their conversation.
-  g, r = episodes.rewards_BxG.shape[1], getattr(episodes, 'conversation', episodes.rollout)
-  prompts = [run.renderer.prompt_text(examples[n // g]) for n in range(len(episodes.rewards_N))]
-  records = transcripts.records(
-      run.tok, prompts=prompts, tokens_NxL=jax.device_get(r.tokens_NxL),
-      loss_mask_NxL=jax.device_get(r.loss_mask_NxL), lengths_N=jax.device_get(r.lengths_N),
-      rewards_N=episodes.rewards_N, turns=episodes.transcripts, truncated_N=episodes.truncated_N,
-      tool_calls_N=episodes.tool_calls_N, errors_N=episodes.errors_N, step=step, kind=kind,
-      limit=run.config.env.transcripts)
-  transcripts.write(transcripts.path_for(run.workdir, step, kind), records)
-
-
-def evaluate_policy(run: Run, params, rng, *, step: int = 0) -> dict[str, float]:
-  """Greedy (or eval.temperature) pass@1 / pass@k / mean@k / maj@k on the held-out prompts
-  (with env.enabled: episodes, whose first chunk's transcripts are written)."""
-  from rlreason.rl import evaluate
-  on_episodes = None
-  if run.env is not None and jax.process_index() == 0:
-    on_episodes = lambda ep, ex: write_transcripts(run, ep, ex, step=step, kind='eval')
-  summary = evaluate.evaluate(run, params, k=run.config.eval.k,
-                              temperature=run.config.eval.temperature, rng=rng,
-                              on_episodes=on_episodes)
-  tokens = summary.pop('generated_tokens')
-  return {**{f'eval/{k}': v for k, v in summary.items()}, 'tokens/eval': tokens}
 
 
 def sample_step(run: Run, policy, step: int, times: dict[str, float]):
@@ -246,19 +145,17 @@ def rl_step(run: Run, state, step: int, times: dict[str, float], async_sampler=N
       examples, rollout = async_sampler.rollout(policy, step)
       scores = verify_rollout(run, rollout, examples, progress=progress, times=times)
     metrics = dict(scores.metrics)
-  stage = run.stage(step)  # R²PO's stages (rl/r2po.py); one plain stage otherwise.
+  stage = run.schedule.stage(step)  # The learner schedule's (rl/extensions.py): one stage
+  # unless a method brings several (R²PO's, methods/r2po.py).
   with phase(times, 'update'):
     batch, stats = make_train_batch(run, stage.learner(policy), rollout,
                                     value_params=state.value_params)
     adv_NxL, returns_NxL = advantages_for(run, scores, stats, batch, progress=progress,
                                           advantage=stage.advantage)
     batch = batch.replace(advantages_NxL=adv_NxL, returns_NxL=returns_NxL)
-    if getattr(run.config, 'monitors', None) is not None and run.config.monitors.perplexity:
-      from rlreason.analysis import perplexity  # Prompt vs answer tokens under π_old, before
-      metrics.update(perplexity.batch_metrics(  # the update donates its params.
-          policy, batch.tokens_NxT, batch.mask_NxT, cfg=run.cfg,
-          completion_length=rollout.tokens_NxL.shape[1]))
-    metrics.update(cea.metrics(run, state.params, batch, step))  # lora.cea_every (rl/cea.py)
+    for hook in extensions.hooks(run, 'batch_metrics'):  # Before the update donates its
+      metrics.update(hook(run, policy=policy, params=state.params, batch=batch,  # params.
+                          rollout=rollout, step=step))
     perm = np.arange(rl.prompts_per_step)
     for epoch in range(rl.epochs):
       if epoch:  # Reshuffle whole groups between epochs, deterministically per step.
@@ -269,13 +166,14 @@ def rl_step(run: Run, state, step: int, times: dict[str, float], async_sampler=N
         state, step_metrics = stage.train_step(state, jax.tree.map(lambda x: x[rows], batch))
     state = jax.block_until_ready(state)  # So time/update_s is the update's, not its dispatch.
   times['tokens/update'] = rl.epochs * batch.mask_NxT.sum()
-  soup.refresh(run, state.params, step)
+  for hook in extensions.hooks(run, 'after_update'):
+    hook(run, state.params, step)
   metrics.update(step_metrics)
   metrics.update(provenance_metrics(batch, learner_version=step - 1))
   metrics.update(sampler.metrics(rollout))
   metrics['train/reward'] = scores.rewards_BxG.mean()
   if stage.number:
-    metrics['r2po/stage'] = stage.number
+    metrics[stage.metric] = stage.number
   return state, metrics
 
 
@@ -287,9 +185,9 @@ PROGRESS_KEYS = ('train/reward', 'eval/pass@1', 'loss', 'monitors/audit', 'monit
 def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[str, float]]:
   """Runs (or resumes) the job in `workdir`: (final TrainState, last evaluation metrics)."""
   config_lib.validate(config, num_devices=jax.device_count())
-  if config.get('repirl') is not None and config.repirl.enabled:  # Its own loop: PRM + policy.
-    from rlreason.rl import repirl
-    return repirl.train(config, workdir)
+  replacement = extensions.loop_replacement(config)  # rePIRL: its own loop, PRM + policy.
+  if replacement is not None:
+    return replacement.train(config, workdir)
   run = build(config, workdir)
   writer = metrics_lib.Writer(workdir, total_steps=config.rl.steps, every=config.log_every)
   preempt = checkpoint.PreemptionFlag()
@@ -304,7 +202,6 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[st
     logging.info('after SFT warm start: %s', eval_metrics)
     run.save(0, state, metrics=eval_metrics)
   eval_metrics, pending = {}, None
-  tracker = monitors.Tracker.from_config(config.monitors) if config.monitors.enabled else None
   for step in range(start + 1, config.rl.steps + 1):
     times, t0, cpu0 = {}, time.perf_counter(), time.process_time()
     with jax.set_mesh(run.mesh):
@@ -312,8 +209,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[st
     if pending is not None:  # Step t-1's device scalars, read while step t ran.
       summary = writer.write(*pending)
       writer.progress(pending[0], summary, keys=PROGRESS_KEYS)
-    stop = [] if tracker is None else monitors.watch(config.monitors, tracker, step, metrics,
-                                                     writer)
+    stop = [a for watch in extensions.hooks(run, 'watch')  # Monitors' alarms that end the run.
+            for a in watch(run, step, metrics, writer)]
     metrics.update(times)
     metrics['time/step_s'] = time.perf_counter() - t0
     metrics['time/step_cpu_s'] = time.process_time() - cpu0  # This process's CPU time.
@@ -330,7 +227,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[st
         async_sampler.save(step)
       run.save(step, state, metrics=eval_metrics if 'eval/pass@1' in metrics else None)
     if stop:  # Saved above: the stopped run loses nothing and resumes from here.
-      monitors.report_stop(stop, step=step, workdir=run.workdir, writer=writer)
+      for report in extensions.hooks(run, 'report_stop'):
+        report(run, stop, step=step, writer=writer)
     if last:
       break
   if pending is not None:

@@ -32,7 +32,7 @@ provenance_metrics shows it). A row's random stream is its own (key_data_N), so 
 params throughout, every row samples the tokens continuous.generate would give it.
 
 Deliberately not here: prefixes (prefix_rollouts), the host-side bookkeeping of examples and
-checkpoints (rl/partial_rollouts.py).
+checkpoints (methods/partial_rollouts.py).
 """
 
 import functools

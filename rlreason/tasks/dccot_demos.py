@@ -16,10 +16,10 @@ row per call, a plain solution string or one thread of the threaded solution
 (rl/sft.py cycles over that many problems); `spawn_counts` is its distribution of workers.
 
 `subtasks(example)` maps each subtask's header to the output its worker should write
-(rl/dccot.py's spawn-validity and worker-correctness rewards); None for a task with no
+(methods/dccot.py's spawn-validity and worker-correctness rewards); None for a task with no
 checkable subtasks.
 
-Not here: sampling (rollout/fork_join.py), the stage rewards (rl/dccot.py).
+Not here: sampling (rollout/fork_join.py), the stage rewards (methods/dccot.py).
 """
 
 import collections

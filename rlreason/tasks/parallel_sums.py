@@ -57,7 +57,7 @@ def generate(seed: int, index: int, *, difficulty: int = DEFAULT_DIFFICULTY,
              groups: int = DEFAULT_GROUPS, min_groups: int = 0) -> example_lib.Example:
   """The (seed, index)-th problem: `groups` groups of `difficulty` random digits, or, with
   `min_groups` >= 1, a number of groups drawn uniformly from [min_groups, groups] (DC-CoT's
-  director then has a varying number of subtasks to spawn: rl/dccot.py)."""
+  director then has a varying number of subtasks to spawn: methods/dccot.py)."""
   if not 1 <= groups <= MAX_GROUPS or difficulty < 1 or not 0 <= min_groups <= groups:
     raise ValueError(f'parallel_sums: groups={groups} must be in [1, {MAX_GROUPS}], '
                      f'min_groups={min_groups} in [0, groups] and difficulty={difficulty} >= 1.')

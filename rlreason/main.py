@@ -92,7 +92,7 @@ def run(config, workdir: pathlib.Path) -> dict[str, float]:
   logging.info('git commit %s; process %d of %d; config:\n%s', commit, jax.process_index(),
                jax.process_count(), config)
   if config.reward_model.train.enabled:  # Train a reward model, not a policy.
-    from rlreason.rl import reward_model
+    from rlreason.methods import reward_model
     return reward_model.train(config, workdir)
   _, metrics = train.train(config, str(workdir))
   return metrics

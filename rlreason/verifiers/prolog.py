@@ -87,7 +87,7 @@ rlr_main :-
   ;   catch((safe_goal(M:solve(_)), U = none), U, true), U \== none ->
       rlr_why(U, solve(_), Why), rlr_say(N, why, Why), rlr_say(N, outcome, violation)
   ;   rlr_limited(M:solve(X), R),
-      (   R = exception(E) -> print_message(error, E), rlr_say(N, outcome, error)
+      (   R = exception(E) -> rlr_warn(error, E), rlr_say(N, outcome, error)
       ;   R == failed -> rlr_say(N, outcome, failed)
       ;   R \== true -> rlr_say(N, outcome, R)
       ;   rlr_value(X, V) -> rlr_say(N, outcome, number), rlr_say(N, value, V)

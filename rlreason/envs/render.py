@@ -42,11 +42,15 @@ from rlreason.envs import formats
 
 RESULT_OPEN, RESULT_CLOSE = '<result>', '</result>'
 Pieces = list[tuple[str, bool]]  # (text, trusted): the template's own text, or message content
-# The stand-in turn the observation is anchored to; a private-use character makes it a
-# string no message holds (checked).
-_ANCHOR = 'stand-in answer \ue000'
-# Private-use characters that mark a message's content in a rendering: (open, close) pairs.
-_MARKS = tuple((chr(c), chr(c + 1)) for c in range(0xE010, 0xE100, 2))
+
+
+def _unused(pattern: str, texts: Sequence[str]) -> str:
+  """pattern.format(k) for the smallest k that no text holds (private-use characters in the
+  pattern make k = 0 the rule; a text cannot hold every k)."""
+  k = 0
+  while any(pattern.format(k) in t for t in texts):
+    k += 1
+  return pattern.format(k)
 
 
 def valid_unicode(text: str) -> str:
@@ -133,43 +137,39 @@ class ChatRenderer:
     """
     messages = clean_messages(messages)
     texts = [str(m.get('content', '')) for m in messages] + [self.system_prompt]
-    if any(_ANCHOR in t for t in texts):
-      raise ValueError(f'a message holds the renderer\'s anchor text {_ANCHOR!r}.')
+    anchor = _unused('stand-in answer \ue000{}\ue001', texts)
     stand_in = self._system() + [{'role': 'user', 'content': 'q'},
-                                 {'role': 'assistant', 'content': _ANCHOR}]
-    plain = self._after_anchor(stand_in + messages)
+                                 {'role': 'assistant', 'content': anchor}]
+    plain = self._after(anchor, stand_in + messages)
+    pieces = self._split_content(anchor, stand_in, messages, texts, plain)
     end = self.format.turn_end
-    if end and not plain.startswith(end):
+    if end and not (pieces[0][1] and pieces[0][0].startswith(end)):
       raise ValueError(f'{self.format.family}: the chat template writes {plain[:40]!r} after '
                        f'an assistant turn, not its turn end {end!r}.')
-    skip = len(end) if ended and end else 0
-    pieces = self._split_content(stand_in, messages, plain)
-    while skip:  # Drop the sampled turn end from the leading (trusted) pieces.
-      text, trusted = pieces.pop(0)
-      pieces.insert(0, (text[skip:], trusted)) if len(text) > skip else None
-      skip = max(0, skip - len(text))
+    if ended and end:  # The model sampled the turn end: it is not observed again.
+      pieces[0] = (pieces[0][0][len(end):], True)
     return [(text, trusted) for text, trusted in pieces if text]
 
   def observation_text(self, messages: Sequence[Mapping[str, Any]], ended: bool) -> str:
     return ''.join(text for text, _ in self.observation_pieces(messages, ended))
 
-  def _after_anchor(self, messages) -> str:
+  def _after(self, anchor: str, messages) -> str:
     text = self._render(messages, True)
-    return text[text.index(_ANCHOR) + len(_ANCHOR):]
+    return text[text.index(anchor) + len(anchor):]
 
-  def _split_content(self, stand_in, messages, plain: str) -> Pieces:
+  def _split_content(self, anchor, stand_in, messages, texts, plain: str) -> Pieces:
     """`plain` as pieces: each message's content (as the template wrote it, which may quote
     or trim it) untrusted, the rest trusted. Found by rendering the content between marks."""
-    used = ''.join(str(m.get('content', '')) for m in messages) + self.system_prompt
-    opening, closing = next(pair for pair in _MARKS if not any(c in used for c in pair))
+    opening = _unused('\ue002{}\ue003', texts)
+    closing = _unused('\ue004{}\ue005', texts)
     for trim in (False, True):
       marked = [{**m, 'content': opening + (m['content'].strip() if trim else m['content'])
                  + closing} if isinstance(m.get('content'), str) else m for m in messages]
-      text = self._after_anchor(stand_in + marked)
+      text = self._after(anchor, stand_in + marked)
       if text.replace(opening, '').replace(closing, '') != plain:
         continue
       pieces, trusted = [], True
-      for part in re.split(f'([{opening}{closing}])', text):
+      for part in re.split(f'({re.escape(opening)}|{re.escape(closing)})', text):
         if part in (opening, closing):
           trusted = part == closing
         elif part:

@@ -1,6 +1,7 @@
 """The restricted loader both SWI-Prolog drivers share: a model's program in its own module.
 
-  driver = ':- module(rlr_x_driver, []).\n' + prolog_loader.LOADER % limits + my_main
+  driver = (':- module(rlr_x_driver, []).\n' +
+            prolog_loader.loader(time_limit_s=2.0, inferences=10**7) + main_clauses)
   result, nonce = prolog_loader.run(swipl, driver, files={'program.pl': code}, limits=...)
 
 verifiers/prolog.py (solve/1) and envs/prolog_tool.py (consult/query) load model-written
@@ -26,9 +27,16 @@ import module `system`, not `user`), never through swipl's loader:
                      time and inference limits as solve/1 or a query.
   quasi quotations   not evaluated (a violation).
 
-The report nonce reaches the driver on stdin (read once at start, so the program finds
-stdin at its end) and lives only in the driver's local variables: it is in no file and no
-clause the program could read, and driver.pl is deleted before the program loads.
+Two holes of library(sandbox) (SWI-Prolog 9.0) are closed here too: safe_goal/1 approves
+print_message/2, whose printer runs the ~@ goals of a `format(F, Args)` message, so every
+message is written as a plain term instead (user:message_hook/3, which the program cannot
+extend); and it approves at_halt/1 (its goal would run at exit, unchecked) through the
+body, so DENIED goals are refused by a sandbox:safe_meta/2 hook asked before the body.
+
+The report nonce reaches the driver on stdin (its first line, read before the program loads;
+safe_goal refuses every read of stdin anyway) and lives only in the driver's local
+variables: it is in no file and no clause the program could read, and driver.pl is deleted
+before the program loads.
 Not here: what the drivers report (prolog.py, prolog_tool.py); the OS layer (sandbox.py).
 """
 

@@ -20,6 +20,7 @@ permuted (llama.cpp runs them with NeoX RoPE).
 Deliberately not here: llama3 RoPE scaling (`rope_freqs.weight`), MoE, i-quants, writing GGUF.
 """
 
+import functools
 import importlib.util
 import pathlib
 from collections.abc import Callable
@@ -71,15 +72,26 @@ def is_gguf(path) -> bool:
 
 
 def open_reader(path) -> tuple[pathlib.Path, gguf.GGUFReader]:
-  """The resolved path and its GGUFReader (a memory map); one-line errors for bad files."""
+  """The resolved path and its GGUFReader (a memory map); one-line errors for bad files.
+
+  Cached per file version: parsing the header (SmolLM2's 100k tokenizer strings) takes seconds,
+  and the weights and the tokenizer each open the file.
+  """
   file = resolve(path)
   if not file.is_file():
     raise CheckpointError(f'GGUF file {file} does not exist.')
+  stat = file.stat()
+  return file, _reader(file.resolve(), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _reader(file: pathlib.Path, mtime_ns: int, size: int) -> gguf.GGUFReader:
+  del mtime_ns  # Part of the cache key only.
   try:
-    return file, gguf.GGUFReader(file)
+    return gguf.GGUFReader(file)
   except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as e:
     # The reader slices its memory map, so a cut file shows up as a short read or bad reshape.
-    raise CheckpointError(f'{file}: not a readable GGUF file ({file.stat().st_size} bytes): '
+    raise CheckpointError(f'{file}: not a readable GGUF file ({size} bytes): '
                           f'{type(e).__name__}: {e}; is it truncated?') from None
 
 

@@ -69,10 +69,11 @@ def clean_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
 
 def observation_pieces(renderer, messages: Sequence[Mapping[str, Any]], ended: bool) -> Pieces:
   """`renderer.observation_pieces`, or for a renderer that only writes text (patient.py,
-  artist.py) its whole observation as trusted text (their messages are their own)."""
+  artist.py: '= {content}\\n') its whole observation as plain text: no control ids (a renderer
+  whose own text needs them writes observation_pieces)."""
   if hasattr(renderer, 'observation_pieces'):
     return renderer.observation_pieces(messages, ended)
-  return [(renderer.observation_text(clean_messages(messages), ended), True)]
+  return [(renderer.observation_text(clean_messages(messages), ended), False)]
 
 
 @dataclasses.dataclass(frozen=True)

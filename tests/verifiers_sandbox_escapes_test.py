@@ -17,6 +17,7 @@ import pytest
 from rlreason.envs import base
 from rlreason.envs import python_tool
 from rlreason.verifiers import sandbox
+from rlreason.verifiers import tree_removal
 from rlreason.verifiers import verdict as V
 
 MARKER = f'rlreason-escape-{uuid.uuid4().hex[:12]}'
@@ -226,9 +227,9 @@ def test_the_iterative_clean_up_removes_deep_locked_and_linked_trees(tmp_path):
   top = tempfile.mkdtemp(prefix='rlreason-test-tree-')
   try:
     deep_tree(top, canary)
-    assert sandbox.remove_tree(top) and not os.path.lexists(top)
+    assert tree_removal.remove_tree(top) and not os.path.lexists(top)
     assert (canary / 'keep').read_text() == 'k'  # links removed, never followed.
-    assert sandbox.remove_tree(top)  # already gone: fine.
+    assert tree_removal.remove_tree(top)  # already gone: fine.
   finally:
     remove_by_rm(top)
 

@@ -7,7 +7,6 @@ them without pytest. Never registered in registry.VERIFIERS.
 
 import os
 import signal
-import tempfile
 import time
 from typing import Any, Mapping
 
@@ -73,25 +72,3 @@ def memory_hog(item: Mapping[str, Any]) -> V.Verdict:
   while True:
     chunks.append(bytearray(int(item.get('chunk_bytes', 1 << 28))))
 
-
-def deep_directory(item: Mapping[str, Any]) -> V.Verdict:
-  """Leaves a sandbox directory of this worker with a tree `depth` deep (deeper than the
-  recursion limit and PATH_MAX), a directory without permissions, a symlink to
-  item['link_to'] and a read-only file, then sleeps `seconds`: the pool kills the worker
-  and its housekeeper must remove the tree."""
-  top = tempfile.mkdtemp(prefix=f'rlreason-sandbox-{os.getpid()}-')
-  fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
-  for _ in range(int(item.get('depth', 5000))):
-    os.mkdir('d', dir_fd=fd)
-    below = os.open('d', os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-    os.close(fd)
-    fd = below
-  os.mkdir('locked', dir_fd=fd)
-  with open(os.open('locked/file', os.O_WRONLY | os.O_CREAT, 0o400, dir_fd=fd), 'w') as f:
-    f.write('x')
-  os.chmod('locked', 0, dir_fd=fd)
-  if item.get('link_to'):
-    os.symlink(item['link_to'], 'link', dir_fd=fd)
-  os.close(fd)
-  time.sleep(float(item.get('seconds', 3600)))
-  return V.judged(True)

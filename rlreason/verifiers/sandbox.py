@@ -34,21 +34,15 @@ capped. Three isolation levels, chosen once per process by `isolation()`:
       refused unless RLREASON_SANDBOX_WEAK=allow (WEAK_ENV) is set: `check_isolation`
       says so once, loudly, at start-up; `run` refuses each call with status 'refused'.
 
-Python programs also run under an audit hook that ends the process (exit 86, status
-'violation') on fork/exec/subprocess, signals, socket creation, ctypes, sqlite, tracing,
-gc's object walks (the only way to reach the hook), writes outside the private directory and
-reads outside it and the standard library (and any /proc/<pid>): the OS layer enforces,
-the hook names the cause. The hook holds no mutable state, so nothing reachable from
-inside can switch it off. Interpreter internals raise no audit event (`_posixsubprocess`,
-sub-interpreters, which also have no hook): the hook refuses the sub-interpreter modules,
-and the seccomp filter ends any fork or exec whatever raised it.
+Python programs (`run_python`) also run under the audit hook of audit_hook.py, which
+names the cause of a violation (exit 86); the OS layer enforces. The private directory is
+removed by tree_removal.py.
 Statuses: ok, timeout (wall clock or CPU), memory, violation (rule, seccomp or file-size
 limit), error (nonzero exit or a crash), refused (weak isolation not allowed).
 
 Deliberately not here: judging the program's output (python_tests.py, prolog.py).
 """
 
-import contextlib
 import dataclasses
 import functools
 import glob
@@ -60,19 +54,20 @@ import selectors
 import shutil
 import signal
 import subprocess
-import stat
 import sys
 import tempfile
 import time
 from typing import Mapping, Sequence
 
+from rlreason.verifiers import audit_hook
 from rlreason.verifiers import sandbox_init
 from rlreason.verifiers import syscall_filter
+from rlreason.verifiers import tree_removal
 
 _INIT = str(pathlib.Path(__file__).with_name('sandbox_init.py'))
 WEAK_ENV = 'RLREASON_SANDBOX_WEAK'
 _DIR_PREFIX = 'rlreason-sandbox-'
-VIOLATION_EXIT, MEMORY_EXIT = 86, 87
+VIOLATION_EXIT, MEMORY_EXIT = audit_hook.VIOLATION_EXIT, audit_hook.MEMORY_EXIT
 _NAMESPACES = ('unshare', '--net', '--mount', '--pid', '--ipc', '--uts', '--fork', '--kill-child',
                '--mount-proc')
 
@@ -216,83 +211,7 @@ def python_interpreter() -> str:
 def remove_worker_dirs(pid: int) -> None:
   """Removes the private directories a (dead) worker process left behind."""
   for path in glob.glob(os.path.join(tempfile.gettempdir(), f'{_DIR_PREFIX}{pid}-*')):
-    remove_tree(path)
-
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def _open_dir(name: str, parent_fd: int | None) -> int:
-  try:
-    return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
-  except PermissionError:  # not root, and the program took our permissions away.
-    os.chmod(name, 0o700, dir_fd=parent_fd)
-    return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
-
-
-def _unlink(name: str, fd: int) -> None:
-  try:
-    os.unlink(name, dir_fd=fd)
-  except PermissionError:
-    os.chmod(fd, 0o700)
-    os.unlink(name, dir_fd=fd)
-  except FileNotFoundError:
-    pass
-
-
-def remove_tree(path: str) -> bool:
-  """Removes path and all below it; True when it is gone. Never raises.
-
-  Iterative and relative to directory descriptors: a program can leave a tree deeper than
-  Python's recursion limit (shutil.rmtree recurses) or than PATH_MAX, directories without
-  permissions, symlinks (removed, never followed) and unwritable files. One descriptor is
-  open at a time; `..` leads back up.
-  """
-  names, fd = [], None
-  try:
-    try:
-      mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-      return True
-    if not stat.S_ISDIR(mode):
-      os.unlink(path)
-      return True
-    fd = _open_dir(path, None)
-    while True:
-      child = None
-      with os.scandir(fd) as entries:
-        for entry in entries:
-          if entry.is_dir(follow_symlinks=False):
-            child = entry.name
-            break
-          _unlink(entry.name, fd)
-      if child is not None:
-        try:
-          below = _open_dir(child, fd)
-        except FileNotFoundError:  # removed meanwhile (a second clean-up): look again.
-          continue
-        os.close(fd)
-        fd = below
-        names.append(child)
-        continue
-      if not names:
-        break
-      above = os.open('..', _DIR_FLAGS, dir_fd=fd)
-      os.close(fd)
-      fd = above
-      with contextlib.suppress(FileNotFoundError):
-        os.rmdir(names.pop(), dir_fd=fd)
-    os.close(fd)
-    fd = None
-    os.rmdir(path)
-    return True
-  except Exception as e:  # pylint: disable=broad-except
-    print(f'rlreason sandbox: cannot remove {path}: {type(e).__name__}: {e}', file=sys.stderr,
-          flush=True)
-    return False
-  finally:
-    if fd is not None:
-      os.close(fd)
+    tree_removal.remove_tree(path)
 
 
 def _write_files(workdir: str, files: Mapping[str, str | bytes], uid: int | None) -> None:
@@ -456,99 +375,12 @@ def run(argv: Sequence[str], *, files: Mapping[str, str | bytes] = {},  # pylint
     for fd in (status_r, status_w):
       if fd >= 0:
         os.close(fd)
-    remove_tree(workdir)
-    remove_tree(newroot)
-
-
-# Runs main.py from the private directory under an audit hook; see the module docstring.
-# The hook keeps no mutable state (a switch in a list or a set could be flipped through gc
-# or a frame's locals), never calls methods of its arguments (a str subclass or a PathLike
-# could run code inside it), and refuses the introspection that could reach it.
-_PYTHON_BOOTSTRAP = r'''
-import os, sys
-def _sandbox_rules():
-  root = os.getcwd()
-  me = '/proc/%%d/' %% os.getpid()
-  readable = tuple(sorted({os.path.realpath(p) + '/' for p in sys.path if p} |
-                          {root + '/', '/dev/null', '/dev/zero', '/dev/urandom', '/proc/self/',
-                           me}))
-  writable = (root + '/', '/dev/null', '/dev/zero')
-  forbidden = frozenset((
-      'os.fork', 'os.forkpty', 'os.posix_spawn', 'os.spawn', 'os.exec', 'os.system',
-      'subprocess.Popen', 'pty.spawn', 'socket.__new__', 'socket.socketpair', 'ctypes.dlopen',
-      'ctypes.dlsym', 'ctypes.cdata', 'os.startfile', 'os.kill', 'os.killpg',
-      'signal.pthread_kill', 'sqlite3.connect', 'gc.get_objects', 'gc.get_referrers',
-      'gc.get_referents', 'sys.settrace', 'sys.setprofile', 'sys._current_frames',
-      'sys._current_exceptions', 'sys.addaudithook'))
-  mutate = frozenset(('os.remove', 'os.rename', 'os.rmdir', 'os.mkdir', 'os.symlink', 'os.link',
-                      'os.chmod', 'os.chown', 'os.truncate', 'os.utime', 'shutil.rmtree'))
-  pairs = frozenset(('os.rename', 'os.link', 'os.symlink'))
-  # Sub-interpreters start without this hook; the _test* modules reach C internals;
-  # _posixshmem's segments outlive the run where /dev/shm is the host's.
-  blocked_modules = frozenset(('ctypes', '_ctypes', 'cffi', 'sqlite3', '_sqlite3',
-                               '_xxsubinterpreters', '_interpreters', '_xxinterpchannels',
-                               '_interpchannels', '_interpqueues', '_testcapi',
-                               '_testinternalcapi', '_testmultiphase', '_testsinglephase',
-                               '_testbuffer', '_testimportmultiple', '_testclinic',
-                               '_posixshmem'))
-  writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-  realpath, join, write, exit_now = os.path.realpath, os.path.join, os.write, os._exit
-  def stop(what):
-    write(2, ('\nSANDBOX_VIOLATION ' + what + '\n').encode('utf-8', 'replace'))
-    exit_now(%d)
-  def resolve(path):
-    if type(path) is bytes:
-      path = path.decode('utf-8', 'replace')
-    if type(path) is not str:
-      stop('a path of type ' + type(path).__name__)
-    return realpath(join(root, path))
-  def under(path, places):
-    p = path + '/'
-    for place in places:
-      if p.startswith(place) or path == place:
-        return True
-    return False
-  def hook(event, args):
-    if event in forbidden:
-      stop(event)
-    elif event == 'import':
-      name = args[0]
-      if type(name) is not str or name.partition('.')[0] in blocked_modules:
-        stop('import ' + str.__str__(name) if type(name) is str else 'import')
-    elif event == 'open':
-      path, mode, flags = args[0], args[1], args[2]
-      if type(path) is int or path is None:
-        return
-      p = resolve(path)
-      mode = mode if type(mode) is str else ''
-      flags = flags if type(flags) is int and flags > 0 else 0
-      if any(c in mode for c in 'wax+') or flags & writing:
-        if not under(p, writable):
-          stop('write ' + p)
-      elif not under(p, readable):
-        stop('read ' + p)
-    elif event in mutate:
-      targets = [a for a in args[:2] if type(a) in (str, bytes)]
-      for t in (targets if event in pairs else targets[:1]):
-        if not under(resolve(t), writable):
-          stop(event + ' ' + resolve(t))
-  sys.addaudithook(hook)
-_sandbox_rules()
-del _sandbox_rules
-sys.path.insert(0, os.getcwd())
-sys.argv = ['main.py']
-with open('main.py', encoding='utf-8') as _f:
-  _code = compile(_f.read(), 'main.py', 'exec')
-try:
-  exec(_code, {'__name__': '__main__', '__builtins__': __builtins__})
-except MemoryError:
-  os.write(2, b'\nMemoryError\n')
-  os._exit(%d)
-''' % (VIOLATION_EXIT, MEMORY_EXIT)
+    tree_removal.remove_tree(workdir)
+    tree_removal.remove_tree(newroot)
 
 
 def run_python(source: str, *, files: Mapping[str, str | bytes] = {},  # pylint: disable=dangerous-default-value
                limits: Limits = Limits(), stdin: str | bytes | None = None) -> SandboxResult:
   """Runs `source` as main.py with -I -S (standard library only) and the audit hook."""
-  return run([python_interpreter(), '-I', '-S', '-B', '-X', 'utf8', '-c', _PYTHON_BOOTSTRAP],
+  return run([python_interpreter(), '-I', '-S', '-B', '-X', 'utf8', '-c', audit_hook.BOOTSTRAP],
              files={**files, 'main.py': source}, limits=limits, stdin=stdin)

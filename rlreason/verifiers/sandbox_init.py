@@ -36,8 +36,11 @@ import signal
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import syscall_filter  # pylint: disable=wrong-import-position
+if __package__:  # imported by sandbox.py (for landlock_abi)
+  from rlreason.verifiers import syscall_filter
+else:  # the script, run with -I -S: its sibling by path, sys.path of no other process touched.
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  import syscall_filter  # pylint: disable=import-error
 
 POLL_S = 0.05
 

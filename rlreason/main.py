@@ -102,6 +102,10 @@ def main(argv):
   del argv
   # orbax logs every file it writes at INFO; keep the console for the run's own progress.
   absl_logging.set_verbosity(absl_logging.WARNING)
+  # JAX_COMPILATION_CACHE_DIR, when set, with whole-entry writes: the sampler process
+  # (rl.async_mode='process') and the other hosts of a pod read the same directory.
+  from rlreason import compile_cache  # Imports JAX: not before platforms and host_malloc.
+  compile_cache.enable()
   if _CPU_DEVICES.value:
     from rlreason.model import sharding
     sharding.split_cpu_host(_CPU_DEVICES.value)

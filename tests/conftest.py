@@ -19,14 +19,17 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import jax  # noqa: E402  (must come after XLA_FLAGS)
 
+from rlreason import compile_cache  # noqa: E402
+
 _CACHE = pathlib.Path(os.environ.get('RLREASON_JAX_CACHE',
                                      pathlib.Path(__file__).resolve().parents[1] / '.jax_cache'))
-jax.config.update('jax_compilation_cache_dir', str(_CACHE))
-# Every compiled program is cached, however quick: the suite compiles many sub-second programs
-# that other tests (and the notebooks' and benchmarks' subprocesses) compile again alike. Six
-# runlocal configs from an empty cache: 86.8 s CPU at a 0.5 s threshold, 79.8 s at 0.
-jax.config.update('jax_persistent_cache_min_compile_time_secs',
-                  float(os.environ.get('RLREASON_CACHE_MIN_COMPILE_S', 0.0)))
-jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
+# Shared by the xdist workers and the subprocesses handed it: compile_cache writes whole entries
+# (JAX's own cache can leave a torn one that every later process reads, warns on and
+# recompiles). Every compiled program is cached, however quick: the suite compiles many
+# sub-second programs that other tests (and the notebooks' and benchmarks' subprocesses)
+# compile again alike. Six runlocal configs from an empty cache: 86.8 s CPU at a 0.5 s
+# threshold, 79.8 s at 0.
+_MIN_COMPILE_S = float(os.environ.get('RLREASON_CACHE_MIN_COMPILE_S', 0.0))
+compile_cache.enable(_CACHE, min_compile_time_s=_MIN_COMPILE_S, min_entry_size_bytes=0)
 
 SHARED_DATA = pathlib.Path(__file__).resolve().parents[2] / 'shared' / 'data'

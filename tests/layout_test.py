@@ -37,8 +37,10 @@ ALLOWED = {
                 'structs', 'tasks', 'verifiers'},
     'dynamics': {'model', 'objectives', 'rl', 'structs', 'tasks'},
     'host_malloc': set(),  # Standard library only: runs before anything else is imported.
+    'compile_cache': set(),  # JAX only: main, conftest and the sampler process turn it on.
     'platforms': set(),  # Standard library only: main calls it before JAX starts.
-    'main': {'compile_cache', 'config', 'host_malloc', 'methods', 'model', 'multihost', 'platforms', 'rl'},
+    'main': {'compile_cache', 'config', 'host_malloc', 'methods', 'model', 'multihost',
+             'platforms', 'rl'},
     'episodes': {'envs'},
 }
 

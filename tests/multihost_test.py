@@ -61,17 +61,17 @@ def _free_port() -> int:
 
 
 def _env(devices: int) -> dict[str, str]:
-  # The suite's optimisation level too (conftest.py): the two processes must compute what the
-  # reference computes here. No persistent compilation cache: twice in CI simulations (with
-  # the suite's cache shared, at thresholds 0 and 0.5) the two-process run hung for 10 min,
-  # under full-suite load only (alone it passes in ~22 s); a process loading an entry another
-  # run wrote while its peer compiles is the suspect, so the processes compile everything.
+  # The suite's optimisation level and its compilation cache (rlreason.main turns on
+  # compile_cache for JAX_COMPILATION_CACHE_DIR): the two processes compute what the reference
+  # computes here.
   level = [f for f in os.environ.get('XLA_FLAGS', '').split()
            if f.startswith('--xla_backend_optimization_level')]
   env = dict(os.environ)
   env.update(JAX_PLATFORMS='cpu',
              XLA_FLAGS=' '.join([f'--xla_force_host_platform_device_count={devices}', *level]),
-             JAX_ENABLE_COMPILATION_CACHE='false', PYTHONUNBUFFERED='1')
+             JAX_COMPILATION_CACHE_DIR=str(jax.config.jax_compilation_cache_dir),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=str(
+                 jax.config.jax_persistent_cache_min_compile_time_secs), PYTHONUNBUFFERED='1')
   return env
 
 
@@ -130,7 +130,8 @@ def test_two_processes_match_one_process_with_eight_devices(tmp_path):
 
 _DRIVER = textwrap.dedent('''
     import sys, time
-    from rlreason import multihost
+    from rlreason import compile_cache, multihost
+    compile_cache.enable()  # The suite's, from the environment.
     pid, port, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     multihost.initialize(coordinator_address=f'localhost:{port}', num_processes=2,
                          process_id=pid, timeout_s=60, heartbeat_timeout_s=120)

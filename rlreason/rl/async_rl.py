@@ -55,6 +55,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from rlreason import compile_cache
 from rlreason.model import sharding
 from rlreason.rl.rl_batch import generate_rollout, tag_versions
 from rlreason.rl.run_setup import encode_prompts
@@ -111,8 +112,7 @@ def _serve(requests, results, spec: Spec) -> None:
   parent = os.getppid()
   step = -1
   try:
-    if spec.cache_dir:
-      jax.config.update('jax_compilation_cache_dir', spec.cache_dir)
+    compile_cache.enable(spec.cache_dir)  # The learner's directory, written whole-entry.
     mesh = sharding.make_mesh(spec.mesh)
     param_sh = sharding.param_shardings(spec.cfg, mesh, sharding.SAMPLE_RULES)
     params = None

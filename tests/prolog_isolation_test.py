@@ -61,6 +61,7 @@ ATTACKS = {
     'operator_in_driver': (f':- op(700, xfx, {DRIVER}:(===>)).\nsolve(12).', *VIOLATION),
     'set_prolog_flag': (':- set_prolog_flag(unknown, fail).\nsolve(12).', *VIOLATION),
     'include_driver_file': (":- include('driver.pl').\nsolve(12).", *VIOLATION),
+    'consult_host_file': (":- consult('/etc/passwd').\nsolve(12).", *VIOLATION),
     'read_stdin': ('solve(X) :- read_term(user_input, T, []), atom_length(T, X).', *VIOLATION),
     'shell': (f"solve(12) :- shell('touch {OUTSIDE}', _).", *VIOLATION),
     'open_write': (f"solve(12) :- open('{OUTSIDE}', write, S), close(S).", *VIOLATION),
@@ -138,6 +139,8 @@ BENIGN = {  # what the loader still accepts: each program's solve(X) gives 12.
     'table_and_clpfd': ':- use_module(library(clpfd)).\n:- table f/2.\nf(0, 0).\n'
                        'f(N, F) :- N #> 0, M #= N - 1, f(M, G), F #= G + 2.\nsolve(X) :- f(6, X).',
     'initialization': ':- initialization(assertz(n(12))).\n:- dynamic n/1.\nsolve(X) :- n(X).',
+    # Not loaded (a library outside prolog_loader.LIBRARIES); autoloading finds sum_list/2.
+    'other_library': ':- use_module(library(readutil)).\nsolve(X) :- sum_list([5, 7], X).',
 }
 
 

@@ -14,8 +14,10 @@ import module `system`, not `user`), never through swipl's loader:
 
   clause / DCG rule  assertz'ed into M (no term or goal expansion runs); a head qualified
                      with a module, or one of swipl's hooks (HOOKS), is a violation.
-  :- use_module / ensure_loaded of library(L), L in LIBRARIES: imported into M; any other
-                     file (include, consult, a path, another library) is a violation.
+  :- use_module / ensure_loaded of library(L), L in LIBRARIES: imported into M; another
+                     library (or consult ... of one) is not loaded, autoloading still
+                     finds its predicates; include/1, or any file not a library(...), is
+                     a violation.
   :- op(P, T, Names) defined in M only (Names qualified with a module: a violation).
   :- dynamic / table declarations in M; discontiguous, multifile, public, meta_predicate,
                      non_terminal, style_check and module/2 are accepted and do nothing
@@ -48,7 +50,7 @@ from rlreason.verifiers import sandbox
 PROGRAM_MODULE = 'rlr_program'
 LIBRARIES = ('aggregate', 'apply', 'assoc', 'clpb', 'clpfd', 'clpq', 'clpr', 'dcg/basics',
              'dcg/high_order', 'error', 'heaps', 'lists', 'occurs', 'ordsets', 'pairs',
-             'random', 'rbtrees', 'solution_sequences', 'ugraphs', 'yall')
+             'random', 'rbtrees', 'solution_sequences', 'tabling', 'ugraphs', 'when', 'yall')
 DENIED = ('at_halt/1', 'cancel_halt/1', 'term_expansion/2', 'term_expansion/4',
           'goal_expansion/2', 'goal_expansion/4')
 HOOKS = ('term_expansion/2', 'term_expansion/4', 'goal_expansion/2', 'goal_expansion/4',
@@ -142,9 +144,12 @@ rlr_directive(initialization(G), _, init(G)) :- !.
 rlr_directive(initialization(G, _), _, init(G)) :- !.
 rlr_directive(D, _, ok) :- rlr_no_op(D), !.
 rlr_directive(D, M, A) :- rlr_loads(D, Spec), !,
-  (   ground(Spec), Spec = library(L), rlr_library(L)
+  (   ( \+ ground(Spec) ; Spec \= library(_) ; D = include(_) )
+  ->  A = stop(violation(loads(Spec)))
+  ;   Spec = library(L), rlr_library(L), memberchk(D, [use_module(_), use_module(_, _),
+                                                      ensure_loaded(_)])
   ->  catch(M:D, E, rlr_warn(error, E)), A = ok
-  ;   A = stop(violation(loads(Spec)))
+  ;   rlr_warn(warning, not_loaded(Spec)), A = ok
   ).
 rlr_directive(op(P, T, Names), M, A) :- !,
   (   ( atom(Names) ; is_list(Names), maplist(atom, Names) )

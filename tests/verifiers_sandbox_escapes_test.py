@@ -182,7 +182,7 @@ def test_the_cpu_budget_covers_every_process_of_a_run():
   result = sandbox.run(['/bin/sh', '-c', 'for i in 1 2 3 4; do (while :; do :; done) & done; wait'],
                        limits=sandbox.Limits(cpu_s=1, wall_s=30.0), new_processes=True)
   assert result.status == 'timeout' and 'all processes' in result.detail, result
-  assert 1.0 <= result.cpu_s < 2.0, result  # not 4 x the budget
+  assert 1.0 <= result.cpu_s < 3.0, result  # not 4 x the budget (polling overshoot aside)
   assert_nothing_left(before)
   good_run_still_works()
 

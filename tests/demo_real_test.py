@@ -75,3 +75,19 @@ def test_runlocal_trains_and_reports_before_and_after(tmp_path):
     text = (tmp_path / f'transcripts_{name}.txt').read_text()
     assert '<|im_start|>assistant\\n' in text and 'RESPONSE:' in text
   assert (tmp_path / 'learning_curves.png').stat().st_size > 0
+
+
+def test_eval_real_configs_name_their_data_and_reject_unknown_sets(tmp_path):
+  from experiments import eval_real
+  c = eval_real.get_config('gsm8k:8')
+  assert (c.data.eval_path, c.eval.num_prompts, c.verifier.name) == (
+      str(eval_real.GSM8K_TEST), 8, 'math')
+  assert c.data.prompt_template.endswith('after "####".<|im_end|>\n<|im_start|>assistant\n')
+  out = tmp_path / 'svamp.jsonl'
+  assert eval_real.write_svamp(out) == 1000
+  records = data.load_jsonl(str(out), data.GSM8K)
+  assert len(records) == 1000 and records[0].answer == '51'
+  assert eval_real.get_config(f'svamp:{out}:16').eval.num_prompts == 16
+  assert eval_real.get_config(f'svamp:{out}').data.eval_path == str(out)
+  with pytest.raises(ValueError, match="'math:x'"):
+    eval_real.get_config('math:x')

@@ -29,8 +29,8 @@ import jax
 import numpy as np
 
 from experiments import demo
-from rlreason.rl import evaluate
 from rlreason.methods import pot
+from rlreason.rl import evaluate
 from rlreason.rl import run_setup
 from rlreason.rl import train
 

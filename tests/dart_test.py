@@ -13,12 +13,12 @@ import pytest
 from episodes_test import FakeEnv, RENDERER, _examples  # tests/ is on sys.path
 from rlreason import config as config_lib
 from rlreason.envs import formats
+from rlreason.methods import cea
 from rlreason.model import dart
 from rlreason.model import dart_init
 from rlreason.model import lora
 from rlreason.model import tokenizer
 from rlreason.model import transformer
-from rlreason.methods import cea
 from rlreason.rl import update
 from rlreason.rollout import episodes as episodes_lib
 from rlreason.rollout import sampler

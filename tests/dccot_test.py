@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from rlreason import config as config_lib
-from rlreason.model import tokenizer
 from rlreason.methods import dccot
+from rlreason.model import tokenizer
 from rlreason.rl import sft
 from rlreason.rollout import fork_join
 from rlreason.tasks import dccot_demos

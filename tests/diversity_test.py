@@ -10,9 +10,9 @@ import pytest
 
 from rlreason import config as config_lib
 from rlreason import config_checks
+from rlreason.methods import diversity
 from rlreason.model import tokenizer as tokenizer_lib
 from rlreason.model import transformer
-from rlreason.methods import diversity
 from rlreason.rl import evaluate
 from rlreason.rl import rl_batch
 from rlreason.tasks import countdown

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from rlreason import config as config_lib
+from rlreason.methods import mixed_policy
 from rlreason.model import tokenizer as tokenizer_lib
 from rlreason.model import transformer
-from rlreason.methods import mixed_policy
 from rlreason.rollout import sampler
 from rlreason.structs import Rollout
 from rlreason.tasks import Example

@@ -11,8 +11,8 @@ import pytest
 
 from rlreason import config as config_lib
 from rlreason.config_checks import monitoring
-from rlreason.rl import metrics as metrics_lib
 from rlreason.methods import monitors
+from rlreason.rl import metrics as metrics_lib
 from rlreason.rl import train
 
 

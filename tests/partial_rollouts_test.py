@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from rlreason import config as config_lib
+from rlreason.methods import partial_rollouts
 from rlreason.model import transformer
 from rlreason.rl import memory
 from rlreason.rl import metrics
-from rlreason.methods import partial_rollouts
 from rlreason.rl import train
 from rlreason.rollout import continuous
 from rlreason.rollout import partial

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlreason import structs
-from rlreason.rl import metrics
 from rlreason.methods import mixed_policy
+from rlreason.rl import metrics
 from rlreason.rl import rl_batch
 from rlreason.rl import train
 from rlreason.structs import Prompts, Rollout

@@ -7,9 +7,9 @@ import optax
 import pytest
 
 from rlreason import config as config_lib
+from rlreason.methods import r2po
 from rlreason.model import rollout_head
 from rlreason.model import transformer
-from rlreason.methods import r2po
 from rlreason.rl import run_setup
 from rlreason.rl import train
 from rlreason.rl import update

@@ -9,9 +9,9 @@ import pytest
 
 from rlreason import config as config_lib
 from rlreason import main as main_lib
+from rlreason.methods import reward_model
 from rlreason.model import transformer
 from rlreason.objectives import reward_losses
-from rlreason.methods import reward_model
 from rlreason.rl import train
 
 CFG = transformer.ModelConfig(vocab_size=13, hidden_size=32, intermediate_size=64, num_layers=1,

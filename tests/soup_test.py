@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from rlreason import config as config_lib
+from rlreason.methods import soup
 from rlreason.model import tokenizer as tokenizer_lib
 from rlreason.model import transformer
 from rlreason.objectives import losses
 from rlreason.rl import rl_batch
-from rlreason.methods import soup
 from rlreason.rollout import sampler
 
 TOK = tokenizer_lib.from_characters('0123456789+=')

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from rlreason import config as config_lib
+from rlreason.methods import threads
 from rlreason.rl import evaluate
 from rlreason.rl import run_setup
-from rlreason.methods import threads
 from rlreason.rl import train
 from rlreason.rollout import fork_join
 from rlreason.verifiers import text_answer

@@ -60,9 +60,9 @@ import numpy as np
 
 from experiments import dynamics as studies
 from rlreason import config as config_lib
+from rlreason.methods import threads
 from rlreason.rl import run_setup
 from rlreason.rl import sft
-from rlreason.methods import threads
 from rlreason.rl import train
 from rlreason.rollout import fork_join
 from rlreason.tasks import dccot_demos

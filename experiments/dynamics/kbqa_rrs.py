@@ -58,8 +58,8 @@ import numpy as np
 
 from experiments import dynamics as studies
 from rlreason import config as config_lib
-from rlreason.rl import prompt_schedule
 from rlreason.methods import rejection_sampling
+from rlreason.rl import prompt_schedule
 from rlreason.rl import run_setup
 from rlreason.rl import sft
 from rlreason.rl import train

@@ -48,10 +48,10 @@ import numpy as np
 
 from experiments import dynamics as studies
 from rlreason import config as config_lib
+from rlreason.methods import soup
 from rlreason.rl import evaluate
 from rlreason.rl import run_setup
 from rlreason.rl import sft
-from rlreason.methods import soup
 from rlreason.rl import train
 
 NOTEBOOK = '18_soup_entropy'

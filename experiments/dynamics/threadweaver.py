@@ -56,11 +56,11 @@ import numpy as np
 
 from experiments import dynamics as studies
 from rlreason import config as config_lib
+from rlreason.methods import threads
 from rlreason.objectives import aggregation
 from rlreason.rl import rl_batch
 from rlreason.rl import run_setup
 from rlreason.rl import sft
-from rlreason.methods import threads
 from rlreason.rl import train
 from rlreason.rl import update
 from rlreason.rollout import fork_join

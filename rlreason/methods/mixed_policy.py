@@ -184,7 +184,12 @@ def snapshot_step(step: int, refresh_every: int) -> int:
 
 def build(run):
   """HAPO's injection under hapo.enabled (rl/extensions.py: a batch hook), or None."""
-  return HapoInjection() if run.config.hapo.enabled else None
+  if not run.config.hapo.enabled:
+    return None
+  if jax.process_count() > 1:  # Teacher traces are built and verified on the host, and the
+    # sampler checks prefixes on the host: both assume every row is addressable here.
+    raise ValueError('hapo.enabled and prefix_rollouts.enabled are single-host for now.')
+  return HapoInjection()
 
 
 class HapoInjection:

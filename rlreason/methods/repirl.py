@@ -38,10 +38,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from rlreason.methods import reward_model as reward_model_lib
 from rlreason.model import transformer
 from rlreason.objectives import irl
 from rlreason.rl import metrics as metrics_lib
-from rlreason.methods import reward_model as reward_model_lib
 
 
 def token_rewards(params, head, tokens_NxT, mask_NxT, *, cfg: transformer.ModelConfig):

@@ -43,8 +43,8 @@ from safetensors import numpy as safetensors_np
 from rlreason.model import transformer
 from rlreason.model import weights
 from rlreason.objectives import reward_losses
-from rlreason.rollout import sampler
 from rlreason.rl import metrics as metrics_lib
+from rlreason.rollout import sampler
 from rlreason.tasks import data
 from rlreason.tasks import example as example_lib
 from rlreason.verifiers import registry

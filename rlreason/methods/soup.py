@@ -30,9 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlreason.methods import mixed_policy
 from rlreason.model import sharding
 from rlreason.rl import checkpoint
-from rlreason.methods import mixed_policy
 from rlreason.rollout import sampler
 from rlreason.structs import Prefixes, Rollout
 
@@ -169,7 +169,12 @@ def restore_buffer(run, abstract_params, step: int, warm_start_params) -> None:
 
 def build(run):
   """The snapshot buffer under prefix_rollouts.enabled (rl/extensions.py), or None."""
-  return PrefixBuffer(run) if run.config.prefix_rollouts.enabled else None
+  if not run.config.prefix_rollouts.enabled:
+    return None
+  if jax.process_count() > 1:  # Teacher traces are built and verified on the host, and the
+    # sampler checks prefixes on the host: both assume every row is addressable here.
+    raise ValueError('hapo.enabled and prefix_rollouts.enabled are single-host for now.')
+  return PrefixBuffer(run)
 
 
 class PrefixBuffer:

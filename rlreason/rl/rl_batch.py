@@ -17,11 +17,11 @@ from rlreason import multihost
 from rlreason import tasks
 from rlreason.objectives import advantage_transforms
 from rlreason.objectives import advantages
+from rlreason.objectives import offpolicy
+from rlreason.rl import extensions
 from rlreason.rollout import judge as judge_lib
 from rlreason.rollout import sampler
 from rlreason.rollout import slate
-from rlreason.objectives import offpolicy
-from rlreason.rl import extensions
 from rlreason.structs import VERSION_ENV, Rollout, TrainBatch
 from rlreason.tasks import example as example_lib
 from rlreason.verifiers import overlong

@@ -340,10 +340,6 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
   if jax.process_count() > 1 and config.env.enabled:
     raise ValueError('env.enabled is single-host for now: the episode loop reads every row\'s '
                      'tokens on the host between turns.')
-  if jax.process_count() > 1 and (config.hapo.enabled or config.prefix_rollouts.enabled):
-    # Teacher traces are built and verified on the host, and the sampler checks prefixes on
-    # the host: both assume every row is addressable here.
-    raise ValueError('hapo.enabled and prefix_rollouts.enabled are single-host for now.')
   if config.env.enabled:
     run.env, run.renderer = make_environment(config, tok, eval_examples[:8])
   if config.judge.enabled:

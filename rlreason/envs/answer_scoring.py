@@ -11,6 +11,11 @@ a thread whose items are not yet scored waits for the running batch, then scores
 queued meanwhile in one `pool.score`; a turn whose answers all hang costs about two deadlines,
 not one per answer.
 
+The pool has two workers and a spare: items queued behind a hung one move to another worker
+after the pool's STUCK_S, so one hung answer does not time out the good ones of its batch
+(as many hung answers as workers can). An item also stops at the pool's item_timeout_s (10 s),
+whatever a longer deadline says.
+
 The string checks in INLINE_VERIFIERS (linear in the completion, which the turn budget bounds)
 run in the calling thread: `inline_scorer`.
 """
@@ -70,6 +75,6 @@ def close_pool() -> None:
 
 def _pool() -> pool_lib.VerifierPool:
   if not _POOL:  # Under _RUN_LOCK.
-    _POOL.append(pool_lib.VerifierPool(num_workers=1, spare_workers=1))
+    _POOL.append(pool_lib.VerifierPool(num_workers=2, spare_workers=1, start_method='forkserver'))
     atexit.register(close_pool)
   return _POOL[0]

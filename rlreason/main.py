@@ -80,14 +80,15 @@ def _check_multihost(config, jax) -> None:
 
 def run(config, workdir: pathlib.Path) -> dict[str, float]:
   import jax
+  from rlreason.rl import checkpoint
   from rlreason.rl import train
   config_lib.validate(config, num_devices=jax.device_count())
   if jax.process_count() > 1:
     _check_multihost(config, jax)
   workdir.mkdir(parents=True, exist_ok=True)
   commit = _git_commit()
-  if jax.process_index() == 0:
-    (workdir / 'config.json').write_text(json.dumps(
+  if jax.process_index() == 0:  # Whole or not at all: a resumed run rewrites it.
+    checkpoint.write_text_atomic(workdir / 'config.json', json.dumps(
         {'git_commit': commit, 'config': config.to_dict()}, indent=2, default=str))
   logging.info('git commit %s; process %d of %d; config:\n%s', commit, jax.process_index(),
                jax.process_count(), config)

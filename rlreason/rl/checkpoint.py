@@ -6,6 +6,14 @@ Two orbax CheckpointManagers under the workdir: `checkpoints/` keeps the last k 
 JSON. Restoring tries the newest step first; a step that fails to restore (a write cut off
 by preemption, a corrupt file) is reported and the previous one is used.
 
+A save is atomic: orbax writes a step into a temporary directory and renames it into place
+once every item is written, so a process killed mid-write (SIGKILL, OOM, a lost host) leaves
+the previous step as the newest (tests/checkpoint_crash_test.py kills a run inside an item's
+write and just before the rename; the resume is bit-exact). A disk that fills up while saving
+raises `DiskFullError`, which names the workdir and the intact previous step, after removing
+the partial step. Files the run writes beside its checkpoints (main.py's config.json) go
+through `write_text_atomic`; the in-flight rollouts' file (async_rl.py) renames likewise.
+
 A SIGTERM (TPU preemption notice) sets a flag that the loop polls after each step: it saves
 and exits cleanly instead of dying mid-write.
 
@@ -13,13 +21,53 @@ Deliberately not here: what the state contains (update.py) and when to save (tra
 """
 
 from collections.abc import Mapping
+import contextlib
+import errno
 import logging
+import os
 import pathlib
+import shutil
 import signal
+import tempfile
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+
+
+def write_text_atomic(path: str | pathlib.Path, text: str) -> None:
+  """Writes `text` to `path` whole or not at all: a temporary file beside it, then a rename
+  (a process killed meanwhile leaves the previous file, or none)."""
+  path = pathlib.Path(path)
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
+  try:
+    with os.fdopen(fd, 'w') as f:
+      f.write(text)
+    os.replace(tmp, path)
+  except BaseException:
+    pathlib.Path(tmp).unlink(missing_ok=True)
+    raise
+
+
+class DiskFullError(OSError):
+  """No space left while saving; the previous checkpoint is intact (see the message)."""
+
+
+def _disk_full(e: BaseException) -> bool:
+  """Whether `e` or anything it wraps (causes, contexts, exception groups) is ENOSPC/EDQUOT;
+  tensorstore reports it as text."""
+  seen, todo = set(), [e]
+  while todo:
+    e = todo.pop()
+    if e is None or id(e) in seen:
+      continue
+    seen.add(id(e))
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+      return True
+    if 'No space left on device' in str(e) or 'Disk quota exceeded' in str(e):
+      return True
+    todo += [e.__cause__, e.__context__, *getattr(e, 'exceptions', ())]
+  return False
 
 
 class Checkpointer:
@@ -37,6 +85,7 @@ class Checkpointer:
           max_to_keep=1, best_fn=lambda m: m[best_metric], best_mode=best_mode,
           keep_checkpoints_without_metrics=False))
     self.best_metric = best_metric
+    self.workdir = workdir
 
   @staticmethod
   def _args(state, data_state, config):
@@ -47,16 +96,41 @@ class Checkpointer:
   def save(self, step: int, state, *, data_state: Mapping[str, Any] | None = None,
            config: Mapping[str, Any] | None = None, metrics: Mapping[str, float] | None = None,
            force: bool = False) -> None:
-    """Saves to `checkpoints/`; with eval `metrics`, also offers it to `best/`."""
-    self.latest.save(step, args=self._args(state, data_state, config), force=force)
-    if self.best is not None and metrics and self.best_metric in metrics:
-      self.best.save(step, args=self._args(state, data_state, config),
-                     metrics={self.best_metric: float(metrics[self.best_metric])}, force=True)
+    """Saves to `checkpoints/`; with eval `metrics`, also offers it to `best/`.
+
+    Raises DiskFullError (the partial step removed, the previous one intact) when the disk
+    fills up; with async_save, that surfaces in `wait`."""
+    with self._disk_full_is_clear(step):
+      self.latest.save(step, args=self._args(state, data_state, config), force=force)
+      if self.best is not None and metrics and self.best_metric in metrics:
+        self.best.save(step, args=self._args(state, data_state, config),
+                       metrics={self.best_metric: float(metrics[self.best_metric])}, force=True)
 
   def wait(self) -> None:
-    self.latest.wait_until_finished()
-    if self.best is not None:
-      self.best.wait_until_finished()
+    with self._disk_full_is_clear(None):
+      self.latest.wait_until_finished()
+      if self.best is not None:
+        self.best.wait_until_finished()
+
+  @contextlib.contextmanager
+  def _disk_full_is_clear(self, step: int | None):
+    try:
+      yield
+    except Exception as e:  # pylint: disable=broad-except
+      if not _disk_full(e):
+        raise
+      managers = [m for m in (self.latest, self.best) if m is not None]
+      for manager in managers:  # Orbax's temporaries ('<step>.orbax-checkpoint-tmp-...').
+        for tmp in pathlib.Path(manager.directory).glob('*.orbax-checkpoint-tmp*'):
+          shutil.rmtree(tmp, ignore_errors=True)
+      steps = sorted(s for s in self.latest.all_steps(read=True) if s != step)
+      previous = (f'the previous checkpoint (step {steps[-1]}) is intact and a restart resumes '
+                  'from it' if steps else 'there is no previous checkpoint')
+      raise DiskFullError(
+          errno.ENOSPC, f'checkpoint{"" if step is None else f" at step {step}"} not saved: no '
+          f'space left on the disk holding {self.workdir} ({type(e).__name__}: '
+          f'{str(e)[:300]}); the partial step was removed; {previous}. Free space, then '
+          'restart.') from e
 
   def steps(self) -> list[int]:
     return sorted(self.latest.all_steps())

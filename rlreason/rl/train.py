@@ -43,6 +43,8 @@ from rlreason.rollout import sampler
 
 # Re-exported: callers name them train.X (they moved to episode_sampling.py and evaluate.py).
 run_episodes = episode_sampling.run_episodes
+sample_episodes = episode_sampling.sample_episodes
+write_transcripts = episode_sampling.write_transcripts
 evaluate_policy = evaluate.evaluate_policy
 
 

@@ -6,11 +6,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import pytest
 
 from rlreason.verifiers import pool as pool_lib
+from rlreason.verifiers import pool_processes
 from rlreason.verifiers import registry
 from rlreason.verifiers import verdict as V
 
@@ -163,6 +165,25 @@ def test_a_dead_worker_with_a_deep_tree_left_is_cleaned_up_and_replaced(pool, tm
     assert victim not in full_crew(pool)
   finally:
     escapes.remove_by_rm(top)
+
+
+def test_a_slow_clean_up_does_not_hold_up_replacements(pool, monkeypatch):
+  # Tens of thousands of directories take minutes to remove on a slow disk; the housekeeper
+  # must start replacements meanwhile.
+  release = threading.Event()
+  monkeypatch.setattr(pool_processes.sandbox, 'remove_worker_dirs',
+                      lambda pid: release.wait(120))
+  try:
+    for _ in range(2):  # the second death comes while the first one's clean-up hangs.
+      victim = sorted(full_crew(pool))[0]
+      os.kill(victim, signal.SIGKILL)
+      while victim in children_of(os.getpid()):
+        time.sleep(0.01)
+      verdicts = pool.score([OK_ITEM] * 4, verifier='math', deadline_s=60)
+      assert [v.status for v in verdicts] == [V.CORRECT] * 4
+      assert victim not in full_crew(pool)  # replaced while a clean-up still hangs.
+  finally:
+    release.set()
 
 
 def test_worker_ignoring_sigterm_gets_sigkill(pool):

@@ -18,6 +18,7 @@ import dataclasses
 import importlib
 import os
 import pickle
+import queue
 import resource
 import signal
 import sys
@@ -105,7 +106,10 @@ class Housekeeper(threading.Thread):
   """Off the caller's thread: starts requested workers, and stops discarded ones
   (SIGTERM, then SIGKILL after the grace period, then reap), so `score` never waits on
   either. It never dies of an error: a failed step is logged on stderr and retried on the
-  next round (a thread that died would leave the pool without workers for good)."""
+  next round (a thread that died would leave the pool without workers for good). A dead
+  worker's sandbox directories are removed on a second thread: a program can leave tens
+  of thousands of directories (minutes of rmdir on a slow disk), and replacements must not
+  wait for that."""
 
   def __init__(self, grace_s: float, spawn):
     super().__init__(name='verifier-pool-housekeeper', daemon=True)
@@ -118,6 +122,9 @@ class Housekeeper(threading.Thread):
     self._requested = 0
     self._spawning = False
     self._born = collections.deque()  # _Worker, or the exception that stopped its start.
+    self._dead_pids = queue.SimpleQueue()  # None: the pool is closing; finish and stop.
+    self._cleaned = threading.Event()
+    threading.Thread(target=self._clean, name='verifier-pool-cleaner', daemon=True).start()
 
   def request(self, count: int) -> None:
     with self._lock:
@@ -177,7 +184,7 @@ class Housekeeper(threading.Thread):
     process, when, stage = entry
     if process.exitcode is not None:
       process.join(0)
-      sandbox.remove_worker_dirs(process.pid)  # a killed worker cannot clean up after itself.
+      self._dead_pids.put(process.pid)  # a killed worker cannot clean up after itself.
       with self._lock:
         self._dying.remove(entry)
     elif now >= when and stage == 'stop':
@@ -187,7 +194,22 @@ class Housekeeper(threading.Thread):
       process.kill()
       entry[1:] = [now + 5.0, 'kill']
 
+  def _clean(self) -> None:
+    while True:
+      pid = self._dead_pids.get()
+      if pid is None:
+        self._cleaned.set()
+        return
+      try:
+        sandbox.remove_worker_dirs(pid)
+      except Exception as e:  # pylint: disable=broad-except
+        print(f'verifier pool cleaner: worker {pid}: {type(e).__name__}: {e}', file=sys.stderr,
+              flush=True)
+
   def close(self, timeout_s: float) -> None:
+    """Stops every worker and waits (up to timeout_s each) for the reaping and clean-up."""
     self._closing.set()
     self._wake.set()
     self.join(timeout_s)
+    self._dead_pids.put(None)
+    self._cleaned.wait(timeout_s)

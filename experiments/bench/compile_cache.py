@@ -7,7 +7,8 @@ Each trial starts `--processes` workers on one fresh cache directory (threshold 
 suite), all compiling and running the same `--programs` small jitted programs; one worker in
 two is SIGKILLed at a random moment (as pytest's timeouts, an OOM kill or a preempted host
 do). Before them, unless --no-kill_writer, one worker alone SIGKILLs itself inside its first
-cache write (the moment a random kill rarely hits: a write takes about a millisecond). Then a second, warm round of workers (none killed) loads everything. Counted per cache
+cache write (the moment a random kill rarely hits: a write takes about a millisecond). Then
+a second, warm round of workers (none killed) loads everything. Counted per cache
 implementation (`jax`: JAX's LRUCache; `atomic`: rlreason.compile_cache):
 
   read_errors   JAX's "Error reading persistent compilation cache entry" warnings (a torn

@@ -14,8 +14,9 @@ raises `DiskFullError`, which names the workdir and the intact previous step, af
 the partial step. Files the run writes beside its checkpoints (main.py's config.json) go
 through `write_text_atomic`; the in-flight rollouts' file (async_rl.py) renames likewise.
 
-A SIGTERM (TPU preemption notice) sets a flag that the loop polls after each step: it saves
-and exits cleanly instead of dying mid-write.
+A SIGTERM (TPU preemption notice) or a Ctrl-C sets a flag that the loop polls after each step:
+it saves and exits cleanly instead of dying mid-write; a second Ctrl-C exits at once. A
+checkpoint of another model is refused with the differing config fields (`config_diff`).
 
 Deliberately not here: what the state contains (update.py) and when to save (train.py).
 """
@@ -68,6 +69,51 @@ def _disk_full(e: BaseException) -> bool:
       return True
     todo += [e.__cause__, e.__context__, *getattr(e, 'exceptions', ())]
   return False
+
+
+class CheckpointMismatchError(RuntimeError):
+  """The workdir's checkpoints belong to another model or adapter shape (see the message)."""
+
+
+def _first_line(e: BaseException, limit: int = 300) -> str:
+  return (str(e).strip().splitlines() or [''])[0][:limit]
+
+
+def _flat(tree: Any, prefix: str = '') -> dict[str, Any]:
+  if isinstance(tree, Mapping):
+    out = {}
+    for k, v in tree.items():
+      out.update(_flat(v, f'{prefix}{k}.'))
+    return out
+  return {prefix[:-1]: tree}
+
+
+def _check_shapes(abstract_state, state) -> None:
+  """Orbax restores a saved array at its saved shape even when the target's differs."""
+  wanted = jax.tree_util.tree_flatten_with_path(abstract_state)[0]
+  for (path, want), got in zip(wanted, jax.tree.leaves(state)):
+    if getattr(want, 'shape', None) is not None and tuple(got.shape) != tuple(want.shape):
+      raise ValueError(f'{jax.tree_util.keystr(path)} has shape {tuple(got.shape)} in the '
+                       f'checkpoint, this run expects {tuple(want.shape)}')
+
+
+# Fields that decide the checkpoint's tree and shapes come first in a mismatch message.
+_SHAPE_FIELDS = ('model.', 'lora.', 'critic.', 'r2po.', 'tokenizer.')
+
+
+def config_diff(saved: Mapping[str, Any], requested: Mapping[str, Any], *,
+                limit: int = 12) -> list[str]:
+  """'field: saved -> requested' lines for the fields that differ (lists and tuples compare
+  alike), the model-shaping sections first, at most `limit` lines plus a count of the rest."""
+  a, b = _flat(saved), _flat(requested)
+  norm = lambda v: list(v) if isinstance(v, tuple) else v
+  keys = sorted((k for k in a.keys() | b.keys() if norm(a.get(k)) != norm(b.get(k))),
+                key=lambda k: (not k.startswith(_SHAPE_FIELDS), k))
+  missing = '(absent)'
+  lines = [f'{k}: {a.get(k, missing)!r} -> {b.get(k, missing)!r}' for k in keys[:limit]]
+  if len(keys) > limit:
+    lines.append(f'... and {len(keys) - limit} more')
+  return lines
 
 
 class Checkpointer:
@@ -135,11 +181,14 @@ class Checkpointer:
   def steps(self) -> list[int]:
     return sorted(self.latest.all_steps())
 
-  def restore(self, abstract_state, *, step: int | None = None, from_best: bool = False):
+  def restore(self, abstract_state, *, step: int | None = None, from_best: bool = False,
+              config: Mapping[str, Any] | None = None):
     """Returns (step, state, data_state, config) or None when there is nothing to restore.
 
     `abstract_state` (ShapeDtypeStructs with shardings) fixes the tree and placement. Without
-    `step`, tries the newest step and falls back to older ones, logging each failure.
+    `step`, tries the newest step and falls back to older ones, logging each failure. When no
+    step restores and the saved config differs from `config` (this run's), raises
+    CheckpointMismatchError with the differing fields instead of orbax's tree dump.
     """
     manager = self.best if from_best else self.latest
     if manager is None:
@@ -151,14 +200,23 @@ class Checkpointer:
     for s in candidates:
       try:
         out = manager.restore(s, args=args)
+        _check_shapes(abstract_state, out['state'])
       except Exception as e:  # pylint: disable=broad-except
         # A half-written or corrupt step: say which and why, then use the one before it.
-        errors.append(f'step {s}: {type(e).__name__}: {e}')
+        errors.append(f'step {s}: {type(e).__name__}: {_first_line(e)}')
         logging.warning('checkpoint at step %d in %s could not be restored (%s); trying the '
-                        'previous one.', s, manager.directory, e)
+                        'previous one.', s, manager.directory, _first_line(e))
         continue
       return s, out['state'], dict(out['data'] or {}), dict(out['config'] or {})
     if errors:
+      saved = self.saved_config() if config is not None else None
+      differ = config_diff(saved, config) if saved else []
+      if differ:
+        raise CheckpointMismatchError(
+            f'the checkpoints in {manager.directory} were made by a different config, so they '
+            f'do not fit this run\'s model; fields that differ (saved -> this run):\n  '
+            + '\n  '.join(differ) + '\nUse a new --workdir for this config, or run with the '
+            'saved config (its config.json in the workdir).')
       raise RuntimeError(f'no checkpoint in {manager.directory} could be restored:\n  ' +
                          '\n  '.join(errors))
     return None
@@ -181,9 +239,10 @@ class Checkpointer:
 
 
 class PreemptionFlag:
-  """Set by SIGTERM; the loop checks it between steps, saves, and exits."""
+  """Set by SIGTERM (a preemption notice) or SIGINT (Ctrl-C); the loop checks it between
+  steps, saves, and exits. A second SIGINT exits at once (KeyboardInterrupt)."""
 
-  def __init__(self, signals=(signal.SIGTERM,)):
+  def __init__(self, signals=(signal.SIGTERM, signal.SIGINT)):
     self.requested = False
     self._previous = {}
     for sig in signals:
@@ -191,8 +250,13 @@ class PreemptionFlag:
 
   def _handle(self, signum, frame):
     del frame
-    logging.warning('received signal %d: saving a checkpoint after this step, then exiting.',
-                    signum)
+    if signum == signal.SIGINT and self.requested:
+      raise KeyboardInterrupt('second SIGINT: exiting without saving')
+    again = ' (Ctrl-C again to exit now)' if signum == signal.SIGINT else ''
+    message = (f'received {signal.Signals(signum).name}: saving a checkpoint after this step, '
+               f'then exiting{again}.')
+    logging.warning('%s', message)
+    print(message, flush=True)
     self.requested = True
 
   def should_stop(self, step: int, manager: ocp.CheckpointManager | None = None) -> bool:

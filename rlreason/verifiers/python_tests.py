@@ -39,14 +39,19 @@ languages, or pass@k.
 
 import inspect
 import json
+import math
 import secrets
+import time
 from typing import Any, Mapping
 
+from rlreason.verifiers import plain_data
 from rlreason.verifiers import sandbox
 from rlreason.verifiers import test_probes
 from rlreason.verifiers import verdict as V
 
 LIMITS = sandbox.Limits(cpu_s=3, wall_s=6.0)
+MAX_CPU_S = 600
+_COLLECT_S = 2.0  # sandbox.run reads a run's pipes this long past its wall clock.
 MODES = ('isolated', 'in_process')
 _CODE_TAGS = ('', 'python', 'py', 'python3')
 
@@ -82,11 +87,28 @@ except (SyntaxError, ValueError) as e:
   sys.exit(0)
 '''
 
-# Evaluates the probes in the solution's namespace; one record per probe.
-_PROBE_RUNNER = _PREAMBLE + inspect.getsource(test_probes.encode_value) + r'''
-def quiet(fn, *args):
+# Replays the ops of test_probes' trusted evaluator in the solution's namespace: a global's
+# value, a call (arguments: plain data, or an earlier op's result), a non-plain attribute.
+# One record per op: its result as plain data, `opaque` (not plain data: it stays here and
+# can only be used by later ops), or the error it raised.
+_OP_RUNNER = _PREAMBLE + inspect.getsource(plain_data) + r'''
+def quiet(fn, *args, **kwargs):
   with contextlib.redirect_stdout(Capped()):
-    return fn(*args)
+    return fn(*args, **kwargs)
+
+FAILED = object()
+results = []
+
+def argument(a):
+  if 'ref' not in a:
+    return decode_value(a['v'])
+  value = results[a['ref']]
+  if value is FAILED:
+    raise RuntimeError('an argument is a result that failed')
+  try:
+    return decode_value(encode_value(value))  # the plain copy the trusted side sees.
+  except (TypeError, ValueError):
+    return value  # the solution's own object.
 
 namespace = {'__name__': 'solution'}
 try:
@@ -95,13 +117,31 @@ except BaseException as e:
   if fatal(e):
     raise
   send(solution_error=described(e))
-for i, source in enumerate(spec['probes']):
+for i, op in enumerate(spec['ops']):
+  value = FAILED
   try:
-    send(i=i, value=encode_value(quiet(eval, compile(source, 'probe', 'eval'), namespace)))
+    if op['kind'] == 'global':
+      if op['name'] not in namespace:
+        raise NameError('name ' + repr(op['name']) + ' is not defined')
+      value = namespace[op['name']]
+    else:
+      target = results[op['target']]
+      if target is FAILED:
+        raise RuntimeError('it uses a result that failed')
+      if op['kind'] == 'getattr':
+        value = quiet(getattr, target, op['name'])
+      else:
+        value = quiet(target, *[argument(a) for a in op['args']],
+                      **{k: argument(a) for k, a in op['kwargs']})
+    try:
+      send(i=i, value=encode_value(value))
+    except TypeError:
+      send(i=i, opaque=True)
   except BaseException as e:
     if fatal(e):
       raise
     send(i=i, error=described(e))
+  results.append(value)
 '''
 
 # Runs the script once per io case, in a fresh namespace, and sends back what it printed.
@@ -196,51 +236,70 @@ def _sandbox_failure(result: sandbox.SandboxResult) -> V.Verdict | None:
   return None
 
 
+def _run_ops(code: str, ops: list, keys: list[str], results: dict[str, list],
+             limits: sandbox.Limits, deadline: float) -> tuple[V.Verdict | None, list]:
+  """One sandboxed run replays `ops`; each result lands in `results` (the first one wins)."""
+  remaining = deadline - time.monotonic() - _COLLECT_S
+  if remaining < 0.5:
+    return V.failure(V.TIMEOUT, f'the item ran past its budget ({limits.wall_s:g}s)'), []
+  limits = sandbox.Limits(**{**limits.__dict__, 'wall_s': min(limits.wall_s, remaining),
+                             'cpu_s': max(1, min(limits.cpu_s, math.ceil(remaining)))})
+  tag = secrets.token_hex(8)
+  result = sandbox.run_python(_OP_RUNNER, limits=limits,
+                              stdin=json.dumps({'solution': code, 'ops': ops, 'tag': tag}))
+  failed = _sandbox_failure(result)
+  if failed:
+    return failed, []
+  got, notes = {}, []
+  for record in _records(result.stdout, tag):
+    if 'compile_error' in record:
+      return V.failure(V.PARSE_FAILURE, f'SyntaxError: {record["compile_error"]}'), []
+    if 'solution_error' in record:
+      notes = [f'solution raised {str(record["solution_error"])[:150]}']
+    i = record.get('i')
+    if type(i) is not int or not 0 <= i < len(ops) or i in got:  # the first record counts.
+      continue
+    if 'value' in record:
+      got[i] = ['value', record['value']]
+    elif record.get('opaque') is True:
+      got[i] = ['opaque']
+    else:
+      got[i] = ['error', str(record.get('error', 'no value'))[:150]]
+  ended = ['error', f'no result (the run ended early: {result.detail or result.status} '
+                    f'{result.stderr[-100:]})']
+  for i, key in enumerate(keys):
+    results.setdefault(key, got.get(i, ended))
+  return None, notes
+
+
 def _run_probes(code: str, tests: list[str], limits: sandbox.Limits
                 ) -> tuple[V.Verdict | None, list[bool], list]:
-  """Splits the tests, runs their probes in one sandbox, checks the values here."""
-  splits = []
+  """Judges the tests in test_probes' trusted child; runs the solution's calls in sandboxed
+  rounds until every test is decided (or MAX_ROUNDS), all by the item's deadline."""
+  deadline = time.monotonic() + limits.wall_s + _COLLECT_S
   for number, test in enumerate(tests):
     try:
-      splits.append(test_probes.split_test(test))
+      test_probes.parse_test(test)
     except test_probes.Unsupported as e:
       raise V.ItemError(V.INVALID_INPUT, f'tests[{number}] {test[:80]!r} cannot be checked '
                         f"outside the solution's process: {e}; test_mode='in_process' runs "
                         'it as trusted code') from None
-  sources = [p for s in splits for p in s.probes]
-  tag = secrets.token_hex(8)
-  spec = json.dumps({'solution': code, 'probes': sources, 'tag': tag})
-  result = sandbox.run_python(_PROBE_RUNNER, limits=limits, stdin=spec)
-  failed = _sandbox_failure(result)
-  if failed:
-    return failed, [], []
-  values, errors, raised = {}, {}, []
-  for record in _records(result.stdout, tag):
-    if 'compile_error' in record:
-      return V.failure(V.PARSE_FAILURE, f'SyntaxError: {record["compile_error"]}'), [], []
-    if 'solution_error' in record:
-      raised = [f'solution raised {str(record["solution_error"])[:150]}']
-    i = record.get('i')
-    if not isinstance(i, int) or i in values or i in errors:
-      continue  # the first record of a probe counts.
-    try:
-      values[i] = test_probes.decode_value(record['value'])
-    except (KeyError, ValueError, TypeError, RecursionError):
-      errors[i] = str(record.get('error', 'no value'))[:100]
-  passed, failures, offset = [], [], 0
-  for test, split in zip(tests, splits):
-    ids = range(offset, offset + len(split.probes))
-    offset += len(split.probes)
-    missing = [i for i in ids if i not in values]
-    ok = not missing and all(test_probes.run_check(check, [values[i] for i in ids])
-                             for check in split.checks)
-    passed.append(ok)
-    if not ok:
-      why = errors.get(missing[0], 'no result (the run ended early)') if missing else 'false'
-      failures.append((test[:100], why))
-  if not values and not errors and result.status != 'ok':
-    raised.append(f'run ended: {result.detail} {result.stderr[-150:]}')
-  return None, passed, raised + failures
+  results, notes = {}, []
+  try:
+    for rounds in range(test_probes.MAX_ROUNDS + 1):
+      reply = test_probes.run_pass(tests, code, results, deadline=deadline)
+      outcomes = reply['outcomes']
+      if rounds and (rounds == test_probes.MAX_ROUNDS or
+                     all(o[0] != 'pending' for o in outcomes)):
+        break
+      failed, notes = _run_ops(code, reply['ops'], reply['keys'], results, limits, deadline)
+      if failed:
+        return failed, [], []
+  except test_probes.OutOfTime as e:
+    return V.failure(V.TIMEOUT, f'trusted checks: {e}'), [], []
+  failures = [(test[:100], f'undecided after {rounds} runs' if o[0] == 'pending' else o[1])
+              for test, o in zip(tests, outcomes) if o[0] != 'pass']
+  return None, [o[0] == 'pass' for o in outcomes], notes + failures
 
 
 def _run_in_process(code: str, tests: list[str], limits: sandbox.Limits
@@ -291,13 +350,27 @@ def _run_io_cases(code: str, cases: list[dict[str, str]], limits: sandbox.Limits
 
 @V.verifier
 def verify_python_tests(item: Mapping[str, Any]) -> V.Verdict:
-  """Item: completion, tests and/or io_cases; optional partial_credit, cpu_s, test_mode."""
+  """Item: completion, tests and/or io_cases; optional partial_credit, cpu_s, test_mode.
+
+  Never raises: a malformed item is invalid_input, anything unforeseen a crash verdict."""
+  try:
+    return _verify(item)
+  except (V.ItemError, RecursionError):
+    raise  # V.verifier turns these into verdicts.
+  except Exception as e:  # pylint: disable=broad-except
+    return V.failure(V.CRASH, f'python_tests: {type(e).__name__}: {e}')
+
+
+def _verify(item: Mapping[str, Any]) -> V.Verdict:
   text = V.completion_text(item)
   tests, cases = _tests(item)
   mode = V.option(item, 'test_mode', 'isolated', str)
   if mode not in MODES:
     raise V.ItemError(V.INVALID_INPUT, f'test_mode: {mode!r}, expected one of {MODES}')
   cpu_s = V.positive_option(item, 'cpu_s', LIMITS.cpu_s, int)
+  if cpu_s > MAX_CPU_S:
+    raise V.ItemError(V.INVALID_INPUT, f'cpu_s: {cpu_s} is over {MAX_CPU_S}')
+  partial = V.option(item, 'partial_credit', False, bool)
   code = extract_code(text)
   if not code:
     return V.failure(V.PARSE_FAILURE, 'no code')
@@ -319,7 +392,6 @@ def verify_python_tests(item: Mapping[str, Any]) -> V.Verdict:
     passed += ok
     failures += why
   rate = sum(passed) / len(passed)
-  partial = V.option(item, 'partial_credit', False, bool)
   return V.judged(all(passed), reward=rate if partial else float(all(passed)),
                   components={'pass_rate': rate},
                   detail=f'{sum(passed)}/{len(passed)} passed {failures[:3]}')

@@ -1,223 +1,358 @@
-"""Assert tests split at the trust boundary: probes run with the solution, checks run here.
+"""Assert tests judged in a trusted process; only the solution's own calls run in the sandbox.
 
-  split_test('assert abs(area(2.0) - 12.566) < 1e-3')
-  # probes ['area(2.0)']: evaluated in the sandbox, in the solution's namespace;
-  # checks ['abs(__probe__[0] - 12.566) < 1e-3']: evaluated in the trusted parent.
+  assert abs(area(2.0) - 12.566) < 1e-3
+  # `area` is a name the solution defines: the sandbox calls it on 2.0 (evaluated here,
+  # sent as plain data) and sends back what it returned as plain data; abs, -, < and
+  # 1e-3 are evaluated here, on the decoded value.
 
-A probe's value crosses the boundary as plain data (`encode_value`, which runs inside the
-sandbox, and `decode_value` here): None, bool, int, float, complex, str, bytes, and lists,
-tuples, dicts, sets and frozensets of them. Anything else (a class instance, a generator)
-cannot cross and fails its test. Subclasses of the plain types are read through the base
-type's own C-level accessors, so an object whose `__eq__`, `__iter__` or `__str__` lies is
-seen as the data it stores. The expected values and the comparison operators stay in the
-parent: the sandbox sees the probes (the solution's calls and their arguments) and nothing
-of what they are compared with, so a solution that forges the report, ends early or reads the
-harness's memory learns nothing it could not learn from its own arguments.
+The whole assert expression is evaluated here, in a child process of the verifier with a
+CPU, memory and wall-clock budget (`run_pass`), never in the sandbox. A name in a test
+resolves, in this order, to: the test's own bindings (its imports, comprehension variables,
+lambda arguments); the builtins in BUILTINS; math and cmath; a name the solution binds by
+importing a MODULES module, imported here again; a name the solution defines at top level
+(def, class, assignment, ...), which becomes a `Ref`; anything else is a NameError. So a
+solution that shadows `sorted`, `len`, `math.isclose` or a module it imports changes nothing
+that is computed here.
 
-Supported test shapes: `assert EXPR[, msg]` statements (several per test are one test) and
-`import math` / `import cmath`. EXPR is split recursively: comparisons, boolean and
-arithmetic operators, conditional expressions, literal containers and calls to the plain
-builtins in `PARENT_FUNCTIONS` (or `math.*`) are evaluated here; every maximal other
-subexpression that mentions a name the solution defines becomes a probe. A probe may not
-contain a comparison (it would be judged inside the sandbox). Other shapes (assignments,
-loops, HumanEval's `def check(candidate)`) raise `Unsupported`: such tests can only run as
-free-form code inside the solution's process (python_tests' test_mode='in_process').
+A Ref stands for an object that lives in the sandbox. Calling it (with arguments evaluated
+here: plain data, or other Refs) or reading an attribute that plain data does not have
+(`Solution().twoSum`) records an *op*; the sandbox replays the ops in order and sends back
+each result as plain data (plain_data), or marks it opaque (a function, a class instance).
+A plain result is decoded and used here like any value: its comparisons, methods and
+attributes are the real ones. An opaque Ref cannot be compared, hashed, iterated, indexed,
+converted, or asked a plain-data attribute (`.startswith`, `.issubset`, `.keys`): that
+raises here, so a solution object never answers a question whose answer is judged.
+A test that needs a result whose op has not run yet is pending; python_tests repeats
+sandbox runs (each replaying every op) until every test is decided, at most MAX_ROUNDS.
 
-Not here: running anything (python_tests.py), or free-form tests.
+Supported test shapes: assert statements (several per test are one test) and imports of
+MODULES. Other statements, and attributes or names starting with an underscore, raise
+Unsupported: such tests can only run as free-form code inside the solution's process
+(python_tests' test_mode='in_process').
+
+Not here: the sandbox side (python_tests), or free-form tests.
 """
 
 import ast
 import builtins
-import cmath
-import dataclasses
+import hashlib
+import importlib
+import json
 import math
-from typing import Any
+import os
+import resource
+import subprocess
+import sys
+import time
+from typing import Any, Mapping
 
-PROBE = '__probe__'
-MODULES = {'math': math, 'cmath': cmath}
-PARENT_FUNCTIONS = {
-    name: getattr(builtins, name) for name in (
-        'abs', 'all', 'any', 'bool', 'bytes', 'chr', 'complex', 'dict', 'divmod', 'enumerate',
-        'filter', 'float', 'frozenset', 'hash', 'int', 'isinstance', 'len', 'list', 'map',
-        'max', 'min', 'ord', 'pow', 'range', 'repr', 'reversed', 'round', 'set', 'sorted',
-        'str', 'sum', 'tuple', 'type', 'zip')}
-PARENT_NAMES = {**PARENT_FUNCTIONS, **MODULES, 'True': True, 'False': False, 'None': None,
-                'ValueError': ValueError, 'TypeError': TypeError}
-_OPERATORS = (ast.Compare, ast.BoolOp, ast.UnaryOp, ast.BinOp, ast.IfExp, ast.Tuple, ast.List,
-              ast.Set, ast.Dict, ast.Starred)
-# Node types that may appear in the part evaluated here (with names from PARENT_NAMES,
-# the probe table, and names bound by its own lambdas and comprehensions).
-_PARENT_NODES = (
-    ast.Expression, ast.Constant, ast.Name, ast.Load, ast.Store, ast.Subscript, ast.Slice,
-    ast.Call, ast.keyword, ast.Attribute, ast.Lambda, ast.arguments, ast.arg, ast.comprehension,
-    ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.JoinedStr,
-    ast.FormattedValue, *_OPERATORS, ast.operator, ast.unaryop, ast.cmpop, ast.boolop)
+from rlreason.verifiers.plain_data import decode_value
+from rlreason.verifiers.plain_data import encode_value
+
+MAX_ROUNDS = 4
+MEMORY_BYTES = 1 << 30
+MODULES = frozenset(('bisect', 'cmath', 'collections', 'copy', 'datetime', 'decimal', 'fractions',
+                     'functools', 'heapq', 'itertools', 'math', 'operator', 're', 'statistics',
+                     'string', 'typing'))
+ALWAYS = ('math', 'cmath')
+BUILTINS = {name: getattr(builtins, name) for name in (
+    'abs', 'all', 'any', 'ascii', 'bin', 'bool', 'bytes', 'callable', 'chr', 'complex', 'dict',
+    'divmod', 'enumerate', 'filter', 'float', 'format', 'frozenset', 'hash', 'hex', 'int',
+    'isinstance', 'issubclass', 'iter', 'len', 'list', 'map', 'max', 'min', 'next', 'oct', 'ord',
+    'pow', 'range', 'repr', 'reversed', 'round', 'set', 'slice', 'sorted', 'str', 'sum', 'tuple',
+    'type', 'zip', 'ArithmeticError', 'AssertionError', 'AttributeError', 'Exception',
+    'IndexError', 'KeyError', 'LookupError', 'OverflowError', 'RuntimeError', 'StopIteration',
+    'TypeError', 'ValueError', 'ZeroDivisionError')}
+_PLAIN_TYPES = (type(None), bool, int, float, complex, str, bytes, list, tuple, dict, set,
+                frozenset)
+PLAIN_ATTRIBUTES = frozenset(name for t in _PLAIN_TYPES for name in dir(t))
+_NESTED_SCOPES = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 
 
 class Unsupported(ValueError):
-  """A test that cannot be split (it would have to run inside the solution's process)."""
+  """A test that cannot be judged outside the solution's process."""
 
 
-@dataclasses.dataclass(frozen=True)
-class SplitTest:
-  probes: list[str]  # expression sources, evaluated in the solution's namespace
-  checks: list[str]  # expressions over __probe__[i], evaluated here; all must be true
+class Pending(BaseException):
+  """The test needs the result of an op that has not run yet (BaseException: no builtin
+  swallows it)."""
 
 
-def _bound_names(tree: ast.AST) -> set[str]:
-  bound = set()
-  for node in ast.walk(tree):
-    if isinstance(node, ast.arg):
-      bound.add(node.arg)
-    elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-      bound.add(node.id)
-  return bound
+class ProbeFailed(Exception):
+  """A call into the solution raised, or the run ended before it."""
 
 
-def _mentions_solution(node: ast.AST, bound: set[str]) -> bool:
-  return any(isinstance(n, ast.Name) and n.id not in PARENT_NAMES and n.id not in bound
-             for n in ast.walk(node))
-
-
-def _evaluated_here(node: ast.AST) -> bool:
-  if isinstance(node, _OPERATORS):
-    return True
-  if isinstance(node, ast.Call):
-    func = node.func
-    return ((isinstance(func, ast.Name) and func.id in PARENT_FUNCTIONS) or
-            (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and
-             func.value.id in MODULES))
-  return False
-
-
-class _Splitter(ast.NodeTransformer):
-
-  def __init__(self, bound: set[str], probes: list[str]):
-    self.bound, self.probes = bound, probes
-
-  def visit(self, node):
-    if not isinstance(node, ast.expr) or not _mentions_solution(node, self.bound):
-      return node
-    if _evaluated_here(node):
-      if isinstance(node, ast.Call):  # the callee is ours; split its arguments only.
-        node.args = [self.visit(a) for a in node.args]
-        node.keywords = [ast.keyword(k.arg, self.visit(k.value)) for k in node.keywords]
-        return node
-      return self.generic_visit(node)
-    if any(isinstance(n, ast.Compare) for n in ast.walk(node)):
-      raise Unsupported(f'a comparison inside {ast.unparse(node)!r} would be judged '
-                        'inside the sandbox')
-    self.probes.append(ast.unparse(node))
-    return ast.Subscript(ast.Name(PROBE, ast.Load()), ast.Constant(len(self.probes) - 1),
-                         ast.Load())
-
-
-def _check_parent_part(tree: ast.Expression, bound: set[str]) -> None:
-  for node in ast.walk(tree):
-    if not isinstance(node, _PARENT_NODES):
-      raise Unsupported(f'{type(node).__name__} in a check')
-    if isinstance(node, ast.Attribute) and (
-        not isinstance(node.value, ast.Name) or node.value.id not in MODULES or
-        node.attr.startswith('_')):
-      raise Unsupported(f'attribute {ast.unparse(node)!r} in a check')
-    if isinstance(node, ast.Name) and node.id not in PARENT_NAMES and node.id not in bound \
-        and node.id != PROBE:
-      raise Unsupported(f'name {node.id!r} in a check')
-
-
-def split_test(source: str) -> SplitTest:
-  """Splits one test (assert statements, math imports) into probes and checks."""
+def parse_test(source: str) -> list[ast.stmt]:
+  """The test's statements, or Unsupported naming what cannot be judged here."""
   try:
     module = ast.parse(source)
-  except SyntaxError as e:
-    raise Unsupported(f'test is not valid Python: {e.msg}') from None
-  probes, checks = [], []
+  except (SyntaxError, ValueError) as e:
+    raise Unsupported(f'test is not valid Python: {e}') from None
+  except (RecursionError, MemoryError):
+    raise Unsupported('test is nested too deeply') from None
   for statement in module.body:
-    if isinstance(statement, (ast.Import, ast.ImportFrom)) and all(
-        alias.name in MODULES and alias.asname is None for alias in statement.names) and \
-        not isinstance(statement, ast.ImportFrom):
+    if isinstance(statement, ast.Import):
+      modules = [alias.name for alias in statement.names]
+    elif isinstance(statement, ast.ImportFrom):
+      modules = [statement.module if statement.level == 0 and all(
+          a.name != '*' for a in statement.names) else '(relative or *)']
+    elif isinstance(statement, ast.Assert):
       continue
-    if not isinstance(statement, ast.Assert):
-      raise Unsupported(f'{type(statement).__name__} statement (only assert and '
-                        'import math/cmath can be split)')
-    bound = _bound_names(statement.test)
-    tree = ast.Expression(_Splitter(bound, probes).visit(statement.test))
-    _check_parent_part(tree, bound)
-    checks.append(ast.unparse(tree))
-  if not checks:
+    else:
+      raise Unsupported(f'{type(statement).__name__} statement (only assert and imports of '
+                        'test_probes.MODULES can be judged here)')
+    for name in modules:
+      if name not in MODULES:
+        raise Unsupported(f'import of {name!r} (not in test_probes.MODULES)')
+  for node in ast.walk(module):
+    if isinstance(node, ast.Attribute) and node.attr.startswith('_'):
+      raise Unsupported(f'attribute {ast.unparse(node)!r} in a test')
+    if isinstance(node, ast.Name) and node.id.startswith('__'):
+      raise Unsupported(f'name {node.id!r} in a test')
+  if not any(isinstance(s, ast.Assert) for s in module.body):
     raise Unsupported('test has no assert')
-  return SplitTest(probes, checks)
+  return module.body
 
 
-def run_check(check: str, probe_values: list[Any]) -> bool:
-  """Evaluates one check over decoded probe values; any exception is a failed check."""
+def _module_scope(node: ast.AST):
+  """The nodes of `node` that bind names in the module's scope (not in functions' bodies)."""
+  yield node
+  for child in ast.iter_child_nodes(node):
+    if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      yield child  # its name is bound here; `global` inside binds here too.
+      yield from (n for n in ast.walk(child) if isinstance(n, ast.Global))
+    elif not isinstance(child, _NESTED_SCOPES):
+      yield from _module_scope(child)
+
+
+def solution_bindings(code: str) -> tuple[frozenset[str], dict[str, tuple[str, str | None]]]:
+  """Names the solution defines at top level, and those it binds by importing a MODULES
+  module: name -> (module, attribute or None)."""
+  defined, imported = set(), {}
+  for node in _module_scope(ast.parse(code)):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      defined.add(node.name)
+    elif isinstance(node, ast.Global):
+      defined.update(node.names)
+    elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+      defined.add(node.id)
+    elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
+      defined.add(node.name)
+    elif isinstance(node, ast.MatchMapping) and node.rest:
+      defined.add(node.rest)
+    elif isinstance(node, ast.Import):
+      for alias in node.names:
+        module = alias.name if alias.asname else alias.name.partition('.')[0]
+        name = alias.asname or module
+        (imported.__setitem__(name, (module, None)) if module in MODULES else defined.add(name))
+    elif isinstance(node, ast.ImportFrom):
+      for alias in node.names:
+        if node.level == 0 and node.module in MODULES and alias.name != '*':
+          imported[alias.asname or alias.name] = (node.module, alias.name)
+        elif alias.name != '*':
+          defined.add(alias.asname or alias.name)
+  return frozenset(defined), imported
+
+
+class Ref:
+  """A solution object in the sandbox: it can be called or asked a non-plain attribute;
+  anything that would judge it here raises (Pending while its op has not run)."""
+  __slots__ = ('_session', '_key', '_state', '_detail')
+
+  def __init__(self, session, key: str, state: str | None, detail: str = ''):
+    self._session, self._key, self._state, self._detail = session, key, state, detail
+
+  def _refuse(self, what: str):
+    if self._state is None:
+      raise Pending()
+    if self._state == 'error':
+      raise ProbeFailed(self._detail)
+    raise TypeError(f'{what} of an object the solution returned: only plain data is judged')
+
+  def __getattr__(self, name: str):
+    if name.startswith('_'):
+      raise AttributeError(name)
+    if self._state == 'error' or name in PLAIN_ATTRIBUTES:
+      self._refuse(f'attribute {name!r}')
+    return self._session.op('getattr', self, name)
+
+  def __call__(self, *args, **kwargs):
+    if self._state == 'error':
+      self._refuse('a call')
+    return self._session.op('call', self, None, args, kwargs)
+
+  def __repr__(self) -> str:
+    return '<solution object>'
+
+
+def _refusal(what: str):
+  return lambda self, *args: self._refuse(what)  # pylint: disable=protected-access
+
+
+for _name in ('eq', 'ne', 'lt', 'le', 'gt', 'ge', 'bool', 'len', 'iter', 'reversed', 'contains',
+              'getitem', 'hash', 'index', 'int', 'float', 'complex', 'str', 'bytes', 'format',
+              'round', 'abs', 'neg', 'pos', 'invert', 'trunc', 'floor', 'ceil'):
+  setattr(Ref, f'__{_name}__', _refusal(_name))
+for _name in ('add', 'sub', 'mul', 'matmul', 'truediv', 'floordiv', 'mod', 'divmod', 'pow',
+              'lshift', 'rshift', 'and', 'or', 'xor'):
+  setattr(Ref, f'__{_name}__', _refusal(_name))
+  setattr(Ref, f'__r{_name}__', _refusal(_name))
+
+
+def _argument(value: Any, index: Mapping[str, int]) -> tuple[Any, Any]:
+  """An argument for the sandbox and for the op's key: a Ref by index, else plain data."""
+  if isinstance(value, Ref):
+    if value._state == 'error':  # pylint: disable=protected-access
+      value._refuse('an argument')  # pylint: disable=protected-access
+    key = value._key  # pylint: disable=protected-access
+    return {'ref': index[key]}, {'ref': key}
   try:
-    code = compile(check, 'check', 'eval')
-    return bool(eval(code, {'__builtins__': {}, **PARENT_NAMES, PROBE: probe_values}))  # pylint: disable=eval-used
-  except Exception:  # pylint: disable=broad-except
-    return False
+    data = encode_value(value)
+  except (TypeError, ValueError) as e:
+    raise TypeError(f'an argument for the solution is not plain data: {e}') from None
+  return {'v': data}, {'v': data}
 
 
-def encode_value(value, _depth=0, _budget=None):
-  """Plain data as JSON-able tagged data; runs inside the sandbox (shipped as source).
+class _Session:
+  """One evaluation pass over all tests: the ops it records, the results it already has."""
 
-  Self-contained on purpose: python_tests sends this function's source into the sandbox.
-  """
-  budget = [100_000] if _budget is None else _budget
-  budget[0] -= 1
-  if budget[0] < 0 or _depth > 64:
-    raise ValueError('value too large or too deeply nested to cross the sandbox boundary')
-  enc = lambda v: encode_value(v, _depth + 1, budget)  # pylint: disable=unnecessary-lambda-assignment
-  if value is None or value is True or value is False:
-    return value
-  if isinstance(value, int):
-    return {'int': int.__repr__(int.__index__(value))}
-  if isinstance(value, float):
-    return {'float': float.__repr__(float.__float__(value))}
-  if isinstance(value, complex):
-    c = complex.__complex__(value)
-    return {'complex': [float.__repr__(c.real), float.__repr__(c.imag)]}
-  if isinstance(value, str):
-    return str.__str__(value)
-  if isinstance(value, bytes):
-    return {'bytes': bytes.hex(bytes.__bytes__(value))}
-  if isinstance(value, list):
-    return [enc(v) for v in list.__iter__(value)]
-  if isinstance(value, tuple):
-    return {'tuple': [enc(v) for v in tuple.__iter__(value)]}
-  if isinstance(value, frozenset):
-    return {'frozenset': [enc(v) for v in frozenset.__iter__(value)]}
-  if isinstance(value, set):
-    return {'set': [enc(v) for v in set.__iter__(value)]}
-  if isinstance(value, dict):
-    return {'dict': [[enc(k), enc(v)] for k, v in dict.items(value)]}
-  raise TypeError(f'a {type(value).__name__} cannot cross the sandbox boundary '
-                  '(plain data only)')
+  def __init__(self, results: Mapping[str, list]):
+    self.results, self.ops, self.keys, self.index = results, [], [], {}
+    self.test, self.counts, self.pending = 0, {}, False
 
+  def start(self, test: int) -> None:
+    self.test, self.counts, self.pending = test, {}, False
 
-_DECODERS = {
-    'int': int, 'float': float, 'bytes': bytes.fromhex,
-    'complex': lambda parts: complex(float(parts[0]), float(parts[1])),
-}
-_CONTAINERS = {'tuple': tuple, 'set': set, 'frozenset': frozenset}
+  def op(self, kind: str, target: Ref | None, name: str | None, args=(), kwargs=None):
+    sent, keyed = zip(*[_argument(a, self.index) for a in args]) if args else ((), ())
+    named = [[k, *_argument(v, self.index)] for k, v in (kwargs or {}).items()]
+    target_key = None if target is None else target._key  # pylint: disable=protected-access
+    base = json.dumps([self.test, kind, target_key, name, keyed, [[k, w] for k, _, w in named]])
+    count = self.counts[base] = self.counts.get(base, -1) + 1  # the n-th same op in this test
+    key = hashlib.sha256(f'{base}#{count}'.encode()).hexdigest()[:32]
+    if key not in self.index:
+      self.index[key] = len(self.ops)
+      self.keys.append(key)
+      self.ops.append({'kind': kind, 'name': name, 'args': list(sent),
+                       'kwargs': [[k, s] for k, s, _ in named],
+                       'target': None if target is None else self.index[target_key]})
+    result = self.results.get(key)
+    if not isinstance(result, list) or not result:
+      self.pending = True
+      return Ref(self, key, None)
+    if result[0] == 'value':
+      return decode_value(result[1])  # a fresh copy each time: a check may mutate it.
+    if result[0] == 'opaque':
+      return Ref(self, key, 'opaque')
+    detail = str(result[1] if len(result) > 1 else 'failed')[:150]
+    if kind == 'global':
+      return Ref(self, key, 'error', detail)  # a NameError only where the test uses it.
+    raise ProbeFailed(detail)
 
 
-def decode_value(data: Any) -> Any:
-  """The inverse of encode_value, from untrusted JSON; malformed data raises ValueError."""
-  if data is None or isinstance(data, (bool, str)):
-    return data
-  if isinstance(data, list):
-    return [decode_value(v) for v in data]
-  if not isinstance(data, dict) or len(data) != 1:
-    raise ValueError(f'malformed value {str(data)[:80]}')
-  (tag, body), = data.items()
+def _namespace(statements, session: _Session, defined, imported) -> dict:
+  names = sorted({n.id for s in statements for n in ast.walk(s) if isinstance(n, ast.Name)})
+  namespace = {'__builtins__': BUILTINS}
+  for name in names:
+    if name in BUILTINS:
+      continue
+    if name in ALWAYS:
+      namespace[name] = importlib.import_module(name)
+    elif name in imported:
+      module, attribute = imported[name]
+      value = importlib.import_module(module)
+      if attribute is None or hasattr(value, attribute):
+        namespace[name] = value if attribute is None else getattr(value, attribute)
+    elif name in defined:
+      namespace[name] = session.op('global', None, name)
+  return namespace
+
+
+def _judge(statements, namespace: dict) -> bool:
+  for statement in statements:
+    if isinstance(statement, ast.Import):
+      for alias in statement.names:
+        namespace[alias.asname or alias.name.partition('.')[0]] = importlib.import_module(
+            alias.name if alias.asname else alias.name.partition('.')[0])
+    elif isinstance(statement, ast.ImportFrom):
+      for alias in statement.names:
+        namespace[alias.asname or alias.name] = getattr(
+            importlib.import_module(statement.module), alias.name)
+    else:
+      code = compile(ast.Expression(statement.test), 'test', 'eval')
+      if not eval(code, namespace):  # pylint: disable=eval-used
+        return False
+  return True
+
+
+def evaluate(tests: list[str], solution: str, results: Mapping[str, list]) -> dict:
+  """One pass: every test judged with the results so far; the ops the next sandbox run needs.
+
+  outcomes[i] is ['pass' | 'fail' | 'pending', why]; ops[j] is for the sandbox, keys[j] names
+  its result in `results`."""
+  defined, imported = solution_bindings(solution)
+  session = _Session(results)
+  outcomes = []
+  for number, source in enumerate(tests):
+    session.start(number)
+    try:
+      statements = parse_test(source)
+      outcome = ['pass' if _judge(statements, _namespace(statements, session, defined, imported))
+                 else 'fail', 'false']
+    except Pending:
+      outcome = ['pending', '']
+    except Exception as e:  # pylint: disable=broad-except
+      outcome = ['fail', f'{type(e).__name__}: {e}'[:150]]
+    outcomes.append(['pending', ''] if session.pending else outcome)
+  return {'ops': session.ops, 'keys': session.keys, 'outcomes': outcomes}
+
+
+def main() -> None:
+  """The evaluator child: limits itself, reads a request on stdin, writes the reply."""
+  request = json.loads(sys.stdin.buffer.read())
+  cpu_s = max(1, math.ceil(request['cpu_s']))
+  resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+  resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
+  reply = evaluate(request['tests'], request['solution'], request['results'])
+  sys.stdout.buffer.write(json.dumps(reply).encode())
+
+
+# The child imports this module and plain_data by path, under stand-ins for the packages
+# (their __init__ imports the whole verifier registry), with -I -S: standard library only.
+_BOOT = r'''
+import sys, types
+for name, path in %r:
+  module = types.ModuleType(name)
+  module.__path__ = [path]
+  sys.modules[name] = module
+from rlreason.verifiers import test_probes
+test_probes.main()
+''' % ([('rlreason', os.path.dirname(os.path.dirname(__file__))),
+        ('rlreason.verifiers', os.path.dirname(__file__))],)
+
+
+class OutOfTime(Exception):
+  """The trusted checks ran past the item's budget."""
+
+
+def run_pass(tests: list[str], solution: str, results: Mapping[str, list], *,
+             deadline: float) -> dict:
+  """`evaluate` in a child process that ends by `deadline` (time.monotonic()): a check that
+  computes on a huge value (sum(range(10**12)), x ** 10**9) raises OutOfTime, never hangs."""
+  remaining = deadline - time.monotonic()
+  if remaining <= 0:
+    raise OutOfTime('no time left for the checks')
+  request = json.dumps({'tests': tests, 'solution': solution, 'results': results,
+                        'cpu_s': remaining})
   try:
-    if tag in _DECODERS:
-      return _DECODERS[tag](body)
-    if tag in _CONTAINERS:
-      return _CONTAINERS[tag](decode_value(v) for v in body)
-    if tag == 'dict':
-      return {decode_value(k): decode_value(v) for k, v in body}
-  except (TypeError, ValueError, OverflowError) as e:
-    raise ValueError(f'malformed {tag}: {e}') from None
-  raise ValueError(f'unknown tag {tag!r}')
+    child = subprocess.run([sys.executable, '-I', '-S', '-c', _BOOT], input=request.encode(),
+                           capture_output=True, timeout=remaining,
+                           env={'PATH': '/usr/bin:/bin', 'LANG': 'C.UTF-8'})
+  except subprocess.TimeoutExpired:
+    raise OutOfTime(f'the checks ran past the budget ({remaining:.1f}s left)') from None
+  if child.returncode in (-9, -24):  # SIGKILL or SIGXCPU: the CPU budget.
+    raise OutOfTime(f'the checks ran past the CPU budget ({remaining:.1f}s)')
+  if child.returncode != 0:
+    raise RuntimeError(f'checks exited with {child.returncode}: '
+                       f'{child.stderr.decode(errors="replace")[-200:]}')
+  return json.loads(child.stdout)

@@ -186,8 +186,13 @@ class PrefixBuffer:
   def __init__(self, run):
     self.run, self.prefix_params, self.prefix_step, self.prefix_history = run, None, 0, None
 
+  # The run's fields the functions above read; nothing else is forwarded (the loop asks
+  # this object for its capabilities with hasattr: the run's own methods must not answer).
+  _FROM_RUN = frozenset({'config', 'cfg', 'tok', 'pad_id', 'mesh', 'sample_mesh',
+                         'sample_shardings', 'workdir'})
+
   def __getattr__(self, name):
-    if name == 'run':  # Not set yet (copy, pickle): no recursion.
+    if name not in PrefixBuffer._FROM_RUN:
       raise AttributeError(name)
     return getattr(self.run, name)
 

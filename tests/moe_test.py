@@ -7,8 +7,8 @@ import math
 import tempfile
 
 import jax
-from jax.sharding import AxisType
 import jax.numpy as jnp
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import numpy as np
 import pytest
 import torch
@@ -140,7 +140,7 @@ def test_ragged_dispatch_equals_dense_loop_values_and_gradients(top_k, norm, sha
   assert _tree_max_abs(grads, ref_grads) <= 1e-5
 
 
-# ----------------------------------------------------------------------------- parity with transformers
+# ----------------------------------------------------------------------------- parity
 
 
 def _hf_block(family, *, d, e, i, k, norm, shared, seed):
@@ -165,7 +165,8 @@ def _to_hf_fused(g, *, shared):
                                                  np.swapaxes(g['up'], 1, 2)], axis=1),
          'experts.down_proj': np.swapaxes(g['down'], 1, 2)}
   if shared:
-    out.update({f'shared_expert.{n}_proj.weight': g['shared'][n].T for n in ('gate', 'up', 'down')})
+    out.update({f'shared_expert.{n}_proj.weight': g['shared'][n].T
+                for n in ('gate', 'up', 'down')})
     out['shared_expert_gate.weight'] = g['shared_expert_gate'][None]
   return out
 
@@ -205,16 +206,19 @@ def test_expert_parallel_equals_single_device(shards):
   mesh = jax.make_mesh((8 // shards, shards), ('data', 'expert'),
                        axis_types=(AxisType.Auto,) * 2)
   params = _params(3, shared=10)
+  # The experts' weights live sharded over 'expert' (PARAM_AXES' first axis), the rest whole.
+  placed = {k: jax.device_put(v, NamedSharding(mesh, P('expert') if k in ('gate', 'up', 'down')
+                                                else P())) for k, v in params.items()}
   x_BxTxD = jax.random.normal(jax.random.key(4), (3, 5, 16))  # 15 tokens: padded per shard.
   r_BxTxD = jax.random.normal(jax.random.key(5), (3, 5, 16))
   run = lambda mesh: jax.jit(
       lambda p, x: moe.moe_mlp(p, x, top_k=2, norm_topk_prob=True, mesh=mesh))
-  (y1, routed1), (yS, routedS) = run(None)(params, x_BxTxD), run(mesh)(params, x_BxTxD)
+  (y1, routed1), (yS, routedS) = run(None)(params, x_BxTxD), run(mesh)(placed, x_BxTxD)
   assert float(jnp.abs(yS - y1).max()) <= 1e-5
   np.testing.assert_array_equal(routedS.expert_ids_NxK, routed1.expert_ids_NxK)
-  grad = lambda mesh: jax.grad(lambda p, x: jnp.sum(run(mesh)(p, x)[0] * r_BxTxD),
-                               argnums=(0, 1))(params, x_BxTxD)
-  assert _tree_max_abs(grad(mesh), grad(None)) <= 1e-5
+  grad = lambda mesh, p: jax.grad(lambda p, x: jnp.sum(run(mesh)(p, x)[0] * r_BxTxD),
+                                  argnums=(0, 1))(p, x_BxTxD)
+  assert _tree_max_abs(grad(mesh, placed), grad(None, params)) <= 1e-5
 
 
 # ----------------------------------------------------------------------------- replay in the block

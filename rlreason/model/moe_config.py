@@ -8,9 +8,10 @@ MoE block; `check_moe` rejects bad configs naming the field. `moe_params_from_hf
 stacked layout (moe.py):
 
   router [D, E]            <- mlp.gate.weight [E, D]
-  gate, up [E, D, I]       <- mlp.experts.{e}.{gate,up}_proj.weight [I, D]   (safetensors on disk)
-                              or mlp.experts.gate_up_proj [E, 2I, D]          (transformers 5.x in memory)
-  down [E, I, D]           <- mlp.experts.{e}.down_proj.weight [D, I]        or mlp.experts.down_proj [E, D, I]
+  gate, up [E, D, I]       <- mlp.experts.{e}.{gate,up}_proj.weight [I, D]  (safetensors on disk)
+                              or mlp.experts.gate_up_proj [E, 2I, D]  (transformers 5.x in memory)
+  down [E, I, D]           <- mlp.experts.{e}.down_proj.weight [D, I]
+                              or mlp.experts.down_proj [E, D, I]
   shared.{gate,up} [D, Is] <- mlp.shared_expert.{gate,up}_proj.weight [Is, D]  (Qwen2-MoE only)
   shared.down [Is, D]      <- mlp.shared_expert.down_proj.weight [D, Is]
   shared_expert_gate [D]   <- mlp.shared_expert_gate.weight [1, D]

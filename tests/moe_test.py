@@ -285,6 +285,22 @@ def test_load_balancing_loss_equals_transformers_on_raw_logits():
   assert abs(float(ours) - float(double)) > 1e-3
 
 
+def test_routing_stats_by_hand():
+  # 2 layers x 3 tokens, top-2 of 4 experts; token 2 is masked out.
+  # Layer 0: token 0 same set ({0,1} vs {1,0}), token 1 shares one of two ({2,3} vs {2,0}).
+  # Layer 1: both tokens agree. So 1 of 4 decisions differs (0.25); mismatch = (0.5)/4 = 0.125;
+  # 1 of 2 tokens differs in some layer (0.5). Load of `ids` in layer 0: experts 0,1,2,3 get
+  # 1,1,1,1 slots (max/mean 1); layer 1: {0,1},{0,1} -> 2,2,0,0 (max 2 / mean 1 = 2); mean 1.5.
+  ids = jnp.array([[[0, 1], [2, 3], [3, 2]], [[0, 1], [1, 0], [3, 2]]])
+  other = jnp.array([[[1, 0], [2, 0], [0, 1]], [[0, 1], [0, 1], [0, 1]]])
+  stats = moe.routing_stats(ids, other, num_experts=4, mask_N=jnp.array([1, 1, 0]))
+  np.testing.assert_allclose([stats[k] for k in ('disagreement', 'mismatch_rate',
+                                                 'tokens_any_layer_differ', 'load_max_over_mean')],
+                             [0.25, 0.125, 0.5, 1.5], rtol=1e-6)
+  same = moe.routing_stats(ids, ids, num_experts=4)
+  assert float(same['disagreement']) == float(same['tokens_any_layer_differ']) == 0.0
+
+
 # ----------------------------------------------------------------------------- config
 
 

@@ -10,13 +10,16 @@ slots are sorted by expert and the SwiGLU experts run as `jax.lax.ragged_dot` ov
 (no capacity, nothing dropped). With a mesh whose `expert` axis is > 1, the experts are sharded
 over that axis and tokens travel to their experts' shard and back by `jax.lax.all_to_all`
 inside `jax.shard_map` (`_dispatch`); on one device the same function runs with the exchange
-left out.
+left out. `load_balancing_loss` and `router_z_loss` are the auxiliary losses; `routing_stats`
+compares two forwards' routes (replay's metrics).
 
 The exchange is the padded all-to-all, not the ragged one: XLA:CPU has no ragged-all-to-all
 ("HLO opcode `ragged-all-to-all` is not supported by XLA:CPU ThunkEmitter", jax 0.10.2), so
-each shard sends every other shard a fixed buffer of n*k rows (its n tokens' slots), filled
-up to that destination's count. That is the dropless worst case (all slots to one shard), so
-it moves and holds S times the rows a ragged exchange would: n*k*S rows per shard each way.
+each shard sends each shard (itself included) a fixed buffer of n*k rows (its n tokens'
+slots), filled up to that destination's count. That is the dropless worst case (all slots to
+one shard), so it moves and holds S times the rows a ragged exchange would (n*k*S rows per
+shard each way, where a ragged exchange moves about n*k on balanced routing); a
+ragged_all_to_all variant for TPU/GPU is not written.
 
 Deliberately not here: the decoder block and the model's forward (transformer.py), mesh
 axes and rule tables (sharding.py), recording routes in the sampler.
@@ -190,7 +193,7 @@ def load_balancing_loss(router_logits, *, top_k: int, mask_N=None):
   """Switch-Transformer auxiliary loss as transformers' load_balancing_loss_func defines it,
   pooled over layers: E * sum_e f_e * P_e, with f_e = (top-k slots routed to e) / tokens
   (so sum_e f_e = k) and P_e = mean router probability of e, over the valid tokens of all
-  layers. 1 * k when perfectly balanced (f_e = k/E, P_e = 1/E).
+  layers. Equals k when perfectly balanced (f_e = k/E, P_e = 1/E).
 
   router_logits: a sequence of per-layer [N, E] raw logits (Routed.router_logits_NxE,
   flattened); mask_N: 1 for tokens to count. One softmax, on the raw logits. transformers
@@ -224,3 +227,27 @@ def router_z_loss(router_logits, *, mask_N=None):
     total += jnp.sum(jax.nn.logsumexp(logits_NxE, axis=-1) ** 2 * m_N)
     rows += jnp.sum(m_N)
   return total / rows
+
+
+def routing_stats(ids_LxNxK, other_LxNxK, *, num_experts: int, mask_N=None) -> dict:
+  """Routing metrics of algorithms.md §25 between two forwards' expert ids (e.g. sampler and
+  learner) over L MoE layers and N tokens (mask_N: 1 for tokens to count):
+
+  disagreement: fraction of token x layer decisions whose expert sets differ;
+  mismatch_rate: mean of 1 - |a & b| / k (MaxText's RoutingMismatchRate);
+  tokens_any_layer_differ: fraction of tokens whose set differs in at least one layer;
+  load_max_over_mean: per-expert slot counts of `ids`, max / mean, averaged over layers.
+  """
+  k = ids_LxNxK.shape[-1]
+  m_N = (jnp.ones(ids_LxNxK.shape[1]) if mask_N is None else mask_N.astype(jnp.float32))
+  shared_LxN = jnp.sum(jnp.any(ids_LxNxK[..., :, None] == other_LxNxK[..., None, :], axis=-1),
+                       axis=-1)
+  differ_LxN = (shared_LxN < k).astype(jnp.float32)
+  tokens, layers = jnp.sum(m_N), ids_LxNxK.shape[0]
+  counts_LxE = jnp.einsum('lnke,n->le', jax.nn.one_hot(ids_LxNxK, num_experts), m_N)
+  return {
+      'disagreement': jnp.sum(differ_LxN * m_N) / (tokens * layers),
+      'mismatch_rate': jnp.sum((1 - shared_LxN / k) * m_N) / (tokens * layers),
+      'tokens_any_layer_differ': jnp.sum(jnp.max(differ_LxN, axis=0) * m_N) / tokens,
+      'load_max_over_mean': jnp.mean(jnp.max(counts_LxE, -1) / jnp.mean(counts_LxE, -1)),
+  }

@@ -28,8 +28,18 @@ budget) and sometimes '42 + 23 = 65'; so the report separates the format-complia
 Sampling temperature 0.7 (not 1.0): at 1.0 only 2.6% of samples were right, so most groups
 of 8 had no correct sample and gave no gradient.
 
-Hardware: a 2-core CPU. Runtime and numbers: see experiments/demo_real_report.py's output
-and docs; measured values are in the commit that last changed this file's numbers.
+Hardware: a 2-core CPU. Status (2026-12-03, measured on the shared 2-core VM at load averages
+of 10-19, i.e. this process got ~0.15-0.3 of a core): the +0.10 target within 20 minutes is
+NOT shown. Measured: loading the GGUF (dequantise 30 layers) ~20 s wall; the step-0 greedy
+evaluation on the 500 held-out problems (16 new tokens) gives pass@1 = 0.098 (seed 0), about
+2:40 min of CPU (this process's user+system; ~10 min of wall at that load). A first attempt with
+16 prompts x G=8 in one micro-batch reached 17 GB RSS in its first update (rl/memory's estimate
+11.3 GB) and was stopped; this config (8 prompts x 8, micro_batches=8, estimate 3.7 GB) was
+still in its first step when the session ended: see the report for the numbers it reached.
+Whether GRPO lifts this task by +0.10 is therefore unmeasured; the expected cost of one step
+here is ~1 min of CPU (sampling 64 x 16 tokens, old log-probs and the update of 64 x 64
+tokens over 30 layers), so 20 steps and three 500-problem evaluations need ~30 min of CPU on
+a quiet 2-core machine, over the 20-minute budget with installation.
 """
 
 from rlreason import config as config_lib
@@ -56,15 +66,18 @@ def get_config(arg: str = ''):
   c.data.task_options = {'op': '+'}
   c.data.prompt_template = CHAT_PROMPT
   c.data.prompt_buckets = (48,)
-  c.rl.steps = 30
-  c.rl.prompts_per_step = 16
+  c.rl.steps = 20
+  c.rl.prompts_per_step = 8
   c.rl.group_size = 8
+  # 8 micro-batches of 8 rows: rl/memory.step_estimate 3.7 GB (one batch of 64: 7.0 GB; the
+  # first attempt, 16 prompts in one micro-batch, estimated 11.3 GB and reached 17 GB RSS).
+  c.rl.micro_batches = 8
   c.rl.max_new_tokens = 16
   c.rl.temperature = 0.7
   c.objective.advantage = 'grpo'
   c.objective.policy_loss = 'ppo_clip'
   c.objective.aggregation = 'token_mean'
-  c.optimizer.lr = 2e-5
+  c.optimizer.lr = 3e-5
   c.optimizer.grad_clip = 1.0
   c.verifier.name = 'rlreason.tasks.chat_arithmetic:verify_final_number'
   c.verifier.deadline_s = 30.0
@@ -87,7 +100,7 @@ def shrink_for_runlocal(c) -> None:
   c.model.arch = dict(vocab_size=49152, hidden_size=32, intermediate_size=64, num_layers=1,
                       num_heads=2, num_kv_heads=1, head_dim=16, qkv_bias=False, qk_norm=False,
                       tie_embeddings=True, family='llama', rope_theta=100_000.0)
-  c.rl.steps, c.rl.max_new_tokens, c.rl.group_size = 2, 4, 2
+  c.rl.steps, c.rl.max_new_tokens, c.rl.group_size, c.rl.micro_batches = 2, 4, 2, 1
   c.rl.prompts_per_step = max(c.rl.minibatches, 2) * 2
   c.eval.every, c.eval.num_prompts = 2, 4
   c.checkpoint.every, c.checkpoint.keep = 2, 1

@@ -21,6 +21,11 @@ one shard), so it moves and holds S times the rows a ragged exchange would (n*k*
 shard each way, where a ragged exchange moves about n*k on balanced routing); a
 ragged_all_to_all variant for TPU/GPU is not written.
 
+Cost on CPU: XLA:CPU lowers ragged_dot to one dense dot over all E groups (a masked [R, E*D]
+operand), so it does E times the routed work (4096x256 rows times 128-wide experts, 2 cores:
+E=4 0.022 s, 16 0.13 s, 64 0.63 s; one 256x128 dot on all rows 0.0034 s). TPU and GPU have
+grouped kernels; a CPU-fast path (tiled grouped matmul) is not written.
+
 Deliberately not here: the decoder block and the model's forward (transformer.py), mesh
 axes and rule tables (sharding.py), recording routes in the sampler.
 """

@@ -65,3 +65,11 @@ def test_a_module_reward_scores_in_the_pool(reward_file, monkeypatch):
     for name in ('myreward:last_int', f'{reward_file}:last_int'):
       verdicts = pool.score(items, verifier=name, deadline_s=60.0)
       assert [(v.reward, v.status) for v in verdicts] == [(1.0, V.CORRECT), (0.0, V.WRONG)]
+
+
+def test_a_crashing_reward_in_the_pool_names_the_line_that_raised(reward_file):
+  with pool_lib.VerifierPool(num_workers=1, spare_workers=0, warmup=False) as pool:
+    [verdict] = pool.score([{'completion': '1', 'answer': '1'}],
+                           verifier=f'{reward_file}:broken', deadline_s=60.0)
+  assert verdict.status == V.CRASH and verdict.detail.startswith("KeyError: 'no_such_field'")
+  assert verdict.detail.endswith('myreward.py:9 in broken]'), verdict.detail

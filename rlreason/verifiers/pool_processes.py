@@ -24,6 +24,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 
 from rlreason.verifiers import registry
 from rlreason.verifiers import sandbox
@@ -77,8 +78,17 @@ def worker_main(conn, config: WorkerConfig) -> None:
     except BaseException as e:  # math-verify's TimeoutException is a BaseException.
       if isinstance(e, (KeyboardInterrupt, SystemExit)):
         raise
-      out = (0.0, V.CRASH, {}, f'{type(e).__name__}: {e}'[:300])
+      out = (0.0, V.CRASH, {}, crash_detail(e))
     conn.send(('done', batch, index, out, time.perf_counter() - start))
+
+
+def crash_detail(e: BaseException) -> str:
+  """`Type: message [at file:line in function]`, the innermost frame: enough to find the bug in
+  a user's reward from the run's stop message."""
+  frames = traceback.extract_tb(e.__traceback__)
+  where = f' [at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}]' if frames else ''
+  text = f'{type(e).__name__}: {e}'
+  return (text[:300 - len(where)] + where)[:300]
 
 
 @contextlib.contextmanager

@@ -122,12 +122,15 @@ def _params(seed, *, d=16, e=8, i=12, shared=0, router_scale=25.0):
   return p
 
 
-@pytest.mark.parametrize('top_k,norm,shared,use_jit', [(1, False, 0, True), (2, True, 0, False),
-                                                     (4, False, 10, True)])
-def test_ragged_dispatch_equals_dense_loop_values_and_gradients(top_k, norm, shared, use_jit):
+@pytest.mark.parametrize('top_k,norm,shared,use_jit,grouped', [
+    (1, False, 0, True, 'ragged_dot'), (2, True, 0, False, 'ragged_dot'),
+    (4, False, 10, True, 'ragged_dot'), (2, True, 10, True, 'tiled')])
+def test_ragged_dispatch_equals_dense_loop_values_and_gradients(top_k, norm, shared, use_jit,
+                                                                grouped):
   params = _params(0, shared=shared)
   x_BxTxD = jax.random.normal(jax.random.key(1), (2, 7, 16))
-  block = lambda p, x: moe.moe_mlp(p, x, top_k=top_k, norm_topk_prob=norm)[0].reshape(-1, 16)
+  block = lambda p, x: moe.moe_mlp(p, x, top_k=top_k, norm_topk_prob=norm,
+                                   grouped=grouped)[0].reshape(-1, 16)
   if use_jit:
     block = jax.jit(block)
   y, ref = block(params, x_BxTxD), _dense_loop(params, x_BxTxD, top_k=top_k, norm=norm)
@@ -138,6 +141,25 @@ def test_ragged_dispatch_equals_dense_loop_values_and_gradients(top_k, norm, sha
       lambda p, x: jnp.sum(_dense_loop(p, x, top_k=top_k, norm=norm) * r_NxD),
       argnums=(0, 1)))(params, x_BxTxD)
   assert _tree_max_abs(grads, ref_grads) <= 1e-5
+
+
+@pytest.mark.parametrize('sizes,tile', [([3, 0, 17, 9, 4], 8), ([0, 0, 50], 16),
+                                        ([5, 5, 5, 5], 32), ([1] * 6, 4)])
+def test_tiled_grouped_matmul_equals_ragged_dot(sizes, tile):
+  # Empty groups, a group spanning several tiles, one tile holding many groups, and rows past
+  # the groups (37 > 33, 64 > 50, 40 > 6), which must come out 0.
+  rows = {8: 37, 16: 64, 32: 20, 4: 40}[tile]
+  rng = np.random.default_rng(tile)
+  x_RxD = jnp.asarray(rng.normal(size=(rows, 6)), jnp.float32)
+  w_GxDxI = jnp.asarray(rng.normal(size=(len(sizes), 6, 3)), jnp.float32)
+  sizes_G = jnp.asarray(sizes, jnp.int32)
+  tiled = jax.jit(lambda x, w: moe.tiled_grouped_matmul(x, w, sizes_G, tile=tile))
+  ragged = lambda x, w: jax.lax.ragged_dot(x, w, sizes_G)
+  y = tiled(x_RxD, w_GxDxI)
+  assert float(jnp.abs(y - ragged(x_RxD, w_GxDxI)).max()) <= 1e-5
+  np.testing.assert_array_equal(y[sum(sizes):], 0.0)
+  grad = lambda f: jax.grad(lambda x, w: jnp.sum(jnp.sin(f(x, w))), argnums=(0, 1))(x_RxD, w_GxDxI)
+  assert _tree_max_abs(grad(tiled), grad(ragged)) <= 1e-5
 
 
 # ----------------------------------------------------------------------------- parity
@@ -200,8 +222,8 @@ def test_block_matches_transformers_values_and_gradients(family, top_k, norm):
 # ----------------------------------------------------------------------------- expert parallel
 
 
-@pytest.mark.parametrize('shards', [2, 4, 8])
-def test_expert_parallel_equals_single_device(shards):
+@pytest.mark.parametrize('shards,grouped', [(2, 'ragged_dot'), (4, 'tiled'), (8, 'ragged_dot')])
+def test_expert_parallel_equals_single_device(shards, grouped):
   assert jax.device_count() == 8
   mesh = jax.make_mesh((8 // shards, shards), ('data', 'expert'),
                        axis_types=(AxisType.Auto,) * 2)
@@ -212,7 +234,7 @@ def test_expert_parallel_equals_single_device(shards):
   x_BxTxD = jax.random.normal(jax.random.key(4), (3, 5, 16))  # 15 tokens: padded per shard.
   r_BxTxD = jax.random.normal(jax.random.key(5), (3, 5, 16))
   run = lambda mesh: jax.jit(
-      lambda p, x: moe.moe_mlp(p, x, top_k=2, norm_topk_prob=True, mesh=mesh))
+      lambda p, x: moe.moe_mlp(p, x, top_k=2, norm_topk_prob=True, mesh=mesh, grouped=grouped))
   (y1, routed1), (yS, routedS) = run(None)(params, x_BxTxD), run(mesh)(placed, x_BxTxD)
   assert float(jnp.abs(yS - y1).max()) <= 1e-5
   np.testing.assert_array_equal(routedS.expert_ids_NxK, routed1.expert_ids_NxK)
@@ -318,6 +340,8 @@ def test_bad_configs_rejected_naming_the_field():
   mesh = jax.make_mesh((2, 4), ('data', 'expert'), axis_types=(AxisType.Auto,) * 2)
   with pytest.raises(ValueError, match="'expert' of size 4 does not divide num_experts=6"):
     moe.moe_mlp(_params(0, e=6), jnp.ones((4, 16)), top_k=2, norm_topk_prob=False, mesh=mesh)
+  with pytest.raises(ValueError, match="grouped='dense'"):
+    moe.moe_mlp(_params(0), jnp.ones((4, 16)), top_k=2, norm_topk_prob=False, grouped='dense')
   with pytest.raises(ValueError, match="'num_experts' missing"):
     moe_config.moe_config_from_hf({'model_type': 'mixtral'})
 

@@ -24,7 +24,9 @@ ragged_all_to_all variant for TPU/GPU is not written.
 Cost on CPU: XLA:CPU lowers ragged_dot to one dense dot over all E groups (a masked [R, E*D]
 operand), so it does E times the routed work (4096x256 rows times 128-wide experts, 2 cores:
 E=4 0.022 s, 16 0.13 s, 64 0.63 s; one 256x128 dot on all rows 0.0034 s). TPU and GPU have
-grouped kernels; a CPU-fast path (tiled grouped matmul) is not written.
+grouped kernels. `grouped='tiled'` is the CPU path (`tiled_grouped_matmul`): a scan over
+(row tile, expert) pairs, about R/tile + E small dots; 18-23x faster than ragged_dot there
+(same shapes, E=16/64, tile 256), equal to it within fp32 round-off.
 
 Deliberately not here: the decoder block and the model's forward (transformer.py), mesh
 axes and rule tables (sharding.py), recording routes in the sampler.
@@ -100,15 +102,57 @@ def route(router_logits_NxE, *, top_k: int, norm_topk_prob: bool, forced_ids_NxK
   return ids_NxK.astype(jnp.int32), weights_NxK
 
 
-def _swiglu_experts(rows_RxD, group_sizes_G, gate_GxDxI, up_GxDxI, down_GxIxD):
+def tiled_grouped_matmul(rows_RxD, w_GxDxI, sizes_G, *, tile: int = 256):
+  """jax.lax.ragged_dot(rows_RxD, w_GxDxI, sizes_G) as a scan over (row tile, group) pairs.
+
+  Rows are grouped consecutively (group g: rows [start_g, start_g + sizes_g)); rows past the
+  groups come out 0. Step p visits the p-th pair in row order (a group spanning t tiles owns
+  t pairs; at most R/tile + G - 1 in all) and adds its tile's product with the group's
+  weights, masked to the group's rows. For XLA:CPU, whose ragged_dot is dense over groups.
+  """
+  r, g = rows_RxD.shape[0], w_GxDxI.shape[0]
+  tiles = -(-r // tile)
+  rows_TxD = jnp.pad(rows_RxD, ((0, tiles * tile - r), (0, 0)))
+  end_G = jnp.cumsum(sizes_G)
+  start_G = end_G - sizes_G
+  first_G = start_G // tile
+  span_G = jnp.where(sizes_G > 0, (end_G - 1) // tile - first_G + 1, 0)
+  pairs_end_G = jnp.cumsum(span_G)
+
+  def step(out_TxI, p):
+    # searchsorted(side='right'), spelled out: jnp.searchsorted trips shard_map's vma check.
+    grp = jnp.minimum(jnp.sum(pairs_end_G <= p), g - 1)
+    live = p < pairs_end_G[-1]
+    t = jnp.where(live, jnp.clip(first_G[grp] + p - pairs_end_G[grp] + span_G[grp], 0,
+                                 tiles - 1), 0)
+    row_t = t * tile + jnp.arange(tile)
+    mine_t = live & (row_t >= start_G[grp]) & (row_t < end_G[grp])
+    y_txI = jnp.where(mine_t[:, None],
+                      jax.lax.dynamic_slice_in_dim(rows_TxD, t * tile, tile) @ w_GxDxI[grp], 0)
+    y_txI += jax.lax.dynamic_slice_in_dim(out_TxI, t * tile, tile)
+    return jax.lax.dynamic_update_slice_in_dim(out_TxI, y_txI, t * tile, 0), None
+
+  # Zeros built from both operands, so that inside shard_map the carry varies over the same
+  # mesh axes as the step's output (scan requires equal types).
+  out_TxI = jnp.zeros_like(rows_TxD[:, :1]) * jnp.zeros_like(w_GxDxI[0, :1, :])
+  return jax.lax.scan(step, out_TxI, jnp.arange(tiles + g - 1))[0][:r]
+
+
+def _swiglu_experts(rows_RxD, group_sizes_G, gate_GxDxI, up_GxDxI, down_GxIxD, grouped):
   """Each group of consecutive rows through its expert; rows past the groups come out 0."""
-  gate_RxI = jax.lax.ragged_dot(rows_RxD, gate_GxDxI, group_sizes_G)
-  up_RxI = jax.lax.ragged_dot(rows_RxD, up_GxDxI, group_sizes_G)
-  return jax.lax.ragged_dot(jax.nn.silu(gate_RxI) * up_RxI, down_GxIxD, group_sizes_G)
+  if grouped == 'tiled':
+    matmul = tiled_grouped_matmul
+  elif grouped == 'ragged_dot':
+    matmul = jax.lax.ragged_dot
+  else:
+    raise ValueError(f"moe_mlp: grouped={grouped!r}; known: 'ragged_dot', 'tiled'")
+  gate_RxI = matmul(rows_RxD, gate_GxDxI, group_sizes_G)
+  up_RxI = matmul(rows_RxD, up_GxDxI, group_sizes_G)
+  return matmul(jax.nn.silu(gate_RxI) * up_RxI, down_GxIxD, group_sizes_G)
 
 
 def _dispatch(x_nxD, ids_nxK, weights_nxK, gate, up, down, *, num_experts: int,
-              axis_name: str | None, axis_size: int):
+              axis_name: str | None, axis_size: int, grouped: str):
   """One shard's tokens through the experts (this shard's E/S of them hold gate/up/down).
 
   Slots (token, j) are sorted by expert, so each destination shard's slots are contiguous;
@@ -136,7 +180,7 @@ def _dispatch(x_nxD, ids_nxK, weights_nxK, gate, up, down, *, num_experts: int,
     rows_RxD, local_R = exchange(rows_RxD), exchange(local_R)
   by_expert_R = jnp.argsort(local_R, stable=True)
   sizes_G = jnp.sum(jax.nn.one_hot(local_R, local, dtype=jnp.int32), axis=0)
-  out_RxD = _swiglu_experts(rows_RxD[by_expert_R], sizes_G, gate, up, down)
+  out_RxD = _swiglu_experts(rows_RxD[by_expert_R], sizes_G, gate, up, down, grouped)
   out_RxD = out_RxD[jnp.argsort(by_expert_R)]
   out_RxD = jnp.where((local_R < local)[:, None], out_RxD, 0)
   if axis_name is not None:
@@ -148,7 +192,8 @@ def _dispatch(x_nxD, ids_nxK, weights_nxK, gate, up, down, *, num_experts: int,
 
 
 def moe_mlp(params, x_NxD, *, top_k: int, norm_topk_prob: bool, forced_ids_NxK=None,
-            mesh=None, expert_axis: str = 'expert', compute_dtype=jnp.float32):
+            mesh=None, expert_axis: str = 'expert', compute_dtype=jnp.float32,
+            grouped: str = 'ragged_dot'):
   """The sparse MoE block: routed SwiGLU experts (+ Qwen2-MoE's gated shared expert).
 
   y = sum_j w_j * down_{i_j}(silu(gate_{i_j}(x)) * up_{i_j}(x))
@@ -157,7 +202,7 @@ def moe_mlp(params, x_NxD, *, top_k: int, norm_topk_prob: bool, forced_ids_NxK=N
   The router runs in fp32 (transformers computes its logits in the hidden dtype: equal in
   fp32). With `mesh` and mesh.shape[expert_axis] > 1 the experts are sharded over that axis
   (E must divide; moe_config.check_moe) and tokens split over it, padded to a multiple.
-  Returns (y, Routed).
+  grouped: 'ragged_dot' (TPU, GPU) or 'tiled' (CPU: tiled_grouped_matmul). Returns (y, Routed).
   """
   lead, d = x_NxD.shape[:-1], x_NxD.shape[-1]
   x_NxD = x_NxD.reshape(-1, d).astype(compute_dtype)
@@ -173,7 +218,7 @@ def moe_mlp(params, x_NxD, *, top_k: int, norm_topk_prob: bool, forced_ids_NxK=N
                      f'num_experts={num_experts}')
   if shards == 1:
     y_NxD = _dispatch(x_NxD, ids_NxK, weights_NxK, *experts, num_experts=num_experts,
-                      axis_name=None, axis_size=1)
+                      axis_name=None, axis_size=1, grouped=grouped)
   else:
     n = x_NxD.shape[0]
     pad = -n % shards  # Padding tokens route like any token; their outputs are dropped.
@@ -181,7 +226,7 @@ def moe_mlp(params, x_NxD, *, top_k: int, norm_topk_prob: bool, forced_ids_NxK=N
     tokens, split = P(expert_axis), P(expert_axis)
     run = jax.shard_map(
         functools.partial(_dispatch, num_experts=num_experts, axis_name=expert_axis,
-                          axis_size=shards),
+                          axis_size=shards, grouped=grouped),
         mesh=mesh, in_specs=(tokens,) * 3 + (split,) * 3, out_specs=tokens,
         axis_names={expert_axis})
     y_NxD = run(*padded, *experts)[:n]

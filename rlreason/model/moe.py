@@ -158,7 +158,7 @@ def _dispatch(x_nxD, ids_nxK, weights_nxK, gate, up, down, *, num_experts: int,
   Slots (token, j) are sorted by expert, so each destination shard's slots are contiguous;
   row p of the buffer for shard s is the p-th of them (zero past its count). After the
   all-to-all a shard holds, per source, rows for its own experts; it sorts them by local
-  expert (padding last), runs ragged_dot, unsorts, and sends the rows back the same way.
+  expert (padding last), runs the grouped matmuls, unsorts, and sends the rows back.
   """
   n, k = ids_nxK.shape
   m, s, local = n * k, axis_size, gate.shape[0]
@@ -223,11 +223,11 @@ def moe_mlp(params, x_NxD, *, top_k: int, norm_topk_prob: bool, forced_ids_NxK=N
     n = x_NxD.shape[0]
     pad = -n % shards  # Padding tokens route like any token; their outputs are dropped.
     padded = [jnp.pad(a, ((0, pad), (0, 0))) for a in (x_NxD, ids_NxK, weights_NxK)]
-    tokens, split = P(expert_axis), P(expert_axis)
+    spec = P(expert_axis)  # Tokens split over the expert axis, and experts too.
     run = jax.shard_map(
         functools.partial(_dispatch, num_experts=num_experts, axis_name=expert_axis,
                           axis_size=shards, grouped=grouped),
-        mesh=mesh, in_specs=(tokens,) * 3 + (split,) * 3, out_specs=tokens,
+        mesh=mesh, in_specs=(spec,) * 6, out_specs=spec,
         axis_names={expert_axis})
     y_NxD = run(*padded, *experts)[:n]
   if 'shared' in params:

@@ -42,6 +42,8 @@ SHADOWING = {
                                 ['assert collections.Counter(f(1)) == collections.Counter("ab")']),
     'test_import_shadowed': ('isclose = lambda *a, **k: True\ndef f(x):\n  return 0.0',
                              ['from math import isclose\nassert isclose(f(1), 0.5)']),
+    'star_import_shadowed': ('from math import *\nsqrt = lambda x: 9\ndef f(x):\n  return 2.0',
+                             ['assert sqrt(f(1)) == 9']),
     'sorted_builtin_shadowed': ('sorted = lambda *a, **k: [1, 2, 3]\ndef f(x):\n  return [9]',
                                 ['assert sorted(f(1)) == [1, 2, 3]']),
 }
@@ -83,6 +85,7 @@ HONEST = [
         'assert max([abs(f(i) - 2 * i) for i in range(3)]) < 0.6',
         'import math\nassert all([math.isclose(f(i), 2 * i + 0.5) for i in range(3)])',
         'from math import isclose\nassert isclose(f(1), 2.5)']),
+    ('from math import *\ndef f(x):\n  return 4.0', ['assert sqrt(f(1)) == 2']),
     ('import collections\ndef f(x):\n  return "ab"',
      ['assert collections.Counter(f(1)) == collections.Counter("ba")',
       "assert f(1).startswith('a') and f(1).find('b') == 1", 'assert set(f(1)) == {"a", "b"}',

@@ -15,14 +15,17 @@ can write decides a test on its own:
     stdout; this process compares it with the expected output, which never enters the
     sandbox. A case whose output did not arrive, or whose run raised (sys.exit(0) aside),
     fails.
-  * tests: test_probes.py splits each assert into probes (the solution's calls with their
-    arguments) and checks (the comparisons, with the expected values). One sandboxed run
-    evaluates the probes in the solution's namespace and returns their values as plain
-    data; this process decodes them and evaluates the checks. A test counts only if every
-    probe's value arrived; a probe that raised (SystemExit included) fails its test.
+  * tests: test_probes.py judges each assert expression in a trusted child process of
+    this one (a CPU, memory and wall budget: a check on a huge value is a timeout, never a
+    hang), with its own builtins and modules. Only names the solution defines run in the
+    sandbox: their calls, on arguments evaluated in the child, are replayed there as ops
+    whose results come back as plain data (or opaque: a solution object, which can be
+    called but never compared or asked a plain-data question). A probe that raised
+    (SystemExit included) or never reported fails its test.
   So ending the process early loses tests, forging the report line only claims values the
   solution could have returned, reading the harness's frames or stdin finds no expected
-  value, and objects whose comparisons always succeed cannot cross as plain data.
+  value, shadowing a builtin or a module changes nothing judged, and objects whose
+  comparisons or methods lie are never asked.
 test_mode='in_process' runs free-form test code (loops, `def check(candidate)`) inside the
 solution's process and trusts its report: a solution that introspects the interpreter can
 forge it. Use it for trusted evaluation only, never as an RL reward; an isolated item
@@ -32,9 +35,9 @@ The code is the last ```python (or ```) fenced block, else the whole completion.
 with the standard library only (python -I -S).
 
 Outcomes: correct (all pass); wrong (some fail); parse_failure (no code, or a SyntaxError);
-timeout; sandbox_violation (a sandbox rule, the memory or the file-size limit);
-invalid_input (no tests, a test that cannot be split, a bad option). Not here: other
-languages, or pass@k.
+timeout (also the trusted checks' budget); sandbox_violation (a sandbox rule, the memory or
+the file-size limit); invalid_input (no tests, a test that cannot be split, a bad option);
+crash (anything unforeseen, never an exception). Not here: other languages, or pass@k.
 """
 
 import inspect
@@ -47,6 +50,7 @@ from typing import Any, Mapping
 from rlreason.verifiers import plain_data
 from rlreason.verifiers import sandbox
 from rlreason.verifiers import test_probes
+from rlreason.verifiers import trusted_checks
 from rlreason.verifiers import verdict as V
 
 LIMITS = sandbox.Limits(cpu_s=3, wall_s=6.0)
@@ -286,16 +290,16 @@ def _run_probes(code: str, tests: list[str], limits: sandbox.Limits
                         'it as trusted code') from None
   results, notes = {}, []
   try:
-    for rounds in range(test_probes.MAX_ROUNDS + 1):
-      reply = test_probes.run_pass(tests, code, results, deadline=deadline)
-      outcomes = reply['outcomes']
-      if rounds and (rounds == test_probes.MAX_ROUNDS or
-                     all(o[0] != 'pending' for o in outcomes)):
-        break
-      failed, notes = _run_ops(code, reply['ops'], reply['keys'], results, limits, deadline)
-      if failed:
-        return failed, [], []
-  except test_probes.OutOfTime as e:
+    with trusted_checks.TrustedChecks(deadline=deadline) as checks:
+      for rounds in range(test_probes.MAX_ROUNDS + 1):
+        outcomes = (reply := checks.evaluate(tests, code, results))['outcomes']
+        if rounds and (rounds == test_probes.MAX_ROUNDS or
+                       all(o[0] != 'pending' for o in outcomes)):
+          break
+        failed, notes = _run_ops(code, reply['ops'], reply['keys'], results, limits, deadline)
+        if failed:
+          return failed, [], []
+  except trusted_checks.OutOfTime as e:
     return V.failure(V.TIMEOUT, f'trusted checks: {e}'), [], []
   failures = [(test[:100], f'undecided after {rounds} runs' if o[0] == 'pending' else o[1])
               for test, o in zip(tests, outcomes) if o[0] != 'pass']
@@ -379,8 +383,7 @@ def _verify(item: Mapping[str, Any]) -> V.Verdict:
   except (SyntaxError, ValueError) as e:
     return V.failure(V.PARSE_FAILURE, f'SyntaxError: {e}')
   limits = sandbox.Limits(**{**LIMITS.__dict__, 'cpu_s': cpu_s, 'wall_s': cpu_s + 3.0})
-  passed, failures = [], []
-  runs = []
+  passed, failures, runs = [], [], []
   if tests:
     runs.append((_run_probes if mode == 'isolated' else _run_in_process, tests))
   if cases:

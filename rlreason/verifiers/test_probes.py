@@ -6,7 +6,7 @@
   # 1e-3 are evaluated here, on the decoded value.
 
 The whole assert expression is evaluated here, in a child process of the verifier with a
-CPU, memory and wall-clock budget (`run_pass`), never in the sandbox. A name in a test
+CPU, memory and wall-clock budget (trusted_checks.py), never in the sandbox. A name in a test
 resolves, in this order, to: the test's own bindings (its imports, comprehension variables,
 lambda arguments); the builtins in BUILTINS; math and cmath; a name the solution binds by
 importing a MODULES module, imported here again; a name the solution defines at top level
@@ -39,11 +39,8 @@ import hashlib
 import importlib
 import json
 import math
-import os
 import resource
-import subprocess
 import sys
-import time
 from typing import Any, Mapping
 
 from rlreason.verifiers.plain_data import decode_value
@@ -127,7 +124,7 @@ def _module_scope(node: ast.AST):
 
 def solution_bindings(code: str) -> tuple[frozenset[str], dict[str, tuple[str, str | None]]]:
   """Names the solution defines at top level, and those it binds by importing a MODULES
-  module: name -> (module, attribute or None)."""
+  module: name -> (module, attribute or None); a star import maps '*module' -> (module, '*')."""
   defined, imported = set(), {}
   for node in _module_scope(ast.parse(code)):
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -147,8 +144,9 @@ def solution_bindings(code: str) -> tuple[frozenset[str], dict[str, tuple[str, s
         (imported.__setitem__(name, (module, None)) if module in MODULES else defined.add(name))
     elif isinstance(node, ast.ImportFrom):
       for alias in node.names:
-        if node.level == 0 and node.module in MODULES and alias.name != '*':
-          imported[alias.asname or alias.name] = (node.module, alias.name)
+        if node.level == 0 and node.module in MODULES:
+          imported[alias.asname or alias.name if alias.name != '*' else '*' + node.module] = (
+              node.module, alias.name)
         elif alias.name != '*':
           defined.add(alias.asname or alias.name)
   return frozenset(defined), imported
@@ -253,7 +251,9 @@ class _Session:
 def _namespace(statements, session: _Session, defined, imported) -> dict:
   names = sorted({n.id for s in statements for n in ast.walk(s) if isinstance(n, ast.Name)})
   namespace = {'__builtins__': BUILTINS}
+  stars = [importlib.import_module(m) for k, (m, _) in sorted(imported.items()) if k[0] == '*']
   for name in names:
+    starred = [m for m in stars if not name.startswith('_') and hasattr(m, name)]
     if name in BUILTINS:
       continue
     if name in ALWAYS:
@@ -263,6 +263,8 @@ def _namespace(statements, session: _Session, defined, imported) -> dict:
       value = importlib.import_module(module)
       if attribute is None or hasattr(value, attribute):
         namespace[name] = value if attribute is None else getattr(value, attribute)
+    elif starred:  # `from math import *` in the solution: the module's names, from here.
+      namespace[name] = getattr(starred[0], name)
     elif name in defined:
       namespace[name] = session.op('global', None, name)
   return namespace
@@ -308,51 +310,12 @@ def evaluate(tests: list[str], solution: str, results: Mapping[str, list]) -> di
 
 
 def main() -> None:
-  """The evaluator child: limits itself, reads a request on stdin, writes the reply."""
-  request = json.loads(sys.stdin.buffer.read())
-  cpu_s = max(1, math.ceil(request['cpu_s']))
+  """The evaluator child (trusted_checks): limits itself, then answers one request per line."""
+  cpu_s = max(1, math.ceil(float(sys.argv[1])))
   resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
   resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
-  reply = evaluate(request['tests'], request['solution'], request['results'])
-  sys.stdout.buffer.write(json.dumps(reply).encode())
-
-
-# The child imports this module and plain_data by path, under stand-ins for the packages
-# (their __init__ imports the whole verifier registry), with -I -S: standard library only.
-_BOOT = r'''
-import sys, types
-for name, path in %r:
-  module = types.ModuleType(name)
-  module.__path__ = [path]
-  sys.modules[name] = module
-from rlreason.verifiers import test_probes
-test_probes.main()
-''' % ([('rlreason', os.path.dirname(os.path.dirname(__file__))),
-        ('rlreason.verifiers', os.path.dirname(__file__))],)
-
-
-class OutOfTime(Exception):
-  """The trusted checks ran past the item's budget."""
-
-
-def run_pass(tests: list[str], solution: str, results: Mapping[str, list], *,
-             deadline: float) -> dict:
-  """`evaluate` in a child process that ends by `deadline` (time.monotonic()): a check that
-  computes on a huge value (sum(range(10**12)), x ** 10**9) raises OutOfTime, never hangs."""
-  remaining = deadline - time.monotonic()
-  if remaining <= 0:
-    raise OutOfTime('no time left for the checks')
-  request = json.dumps({'tests': tests, 'solution': solution, 'results': results,
-                        'cpu_s': remaining})
-  try:
-    child = subprocess.run([sys.executable, '-I', '-S', '-c', _BOOT], input=request.encode(),
-                           capture_output=True, timeout=remaining,
-                           env={'PATH': '/usr/bin:/bin', 'LANG': 'C.UTF-8'})
-  except subprocess.TimeoutExpired:
-    raise OutOfTime(f'the checks ran past the budget ({remaining:.1f}s left)') from None
-  if child.returncode in (-9, -24):  # SIGKILL or SIGXCPU: the CPU budget.
-    raise OutOfTime(f'the checks ran past the CPU budget ({remaining:.1f}s)')
-  if child.returncode != 0:
-    raise RuntimeError(f'checks exited with {child.returncode}: '
-                       f'{child.stderr.decode(errors="replace")[-200:]}')
-  return json.loads(child.stdout)
+  for line in sys.stdin.buffer:
+    request = json.loads(line)
+    reply = evaluate(request['tests'], request['solution'], request['results'])
+    sys.stdout.buffer.write(json.dumps(reply).encode() + b'\n')
+    sys.stdout.buffer.flush()

@@ -26,14 +26,17 @@ def default() -> ml_collections.ConfigDict:
       param_dtype='float32', compute_dtype='float32', remat='none'))
 
   # Tokenizer: 'chars' builds a character vocabulary from the task; 'hf' loads `path` (a HF
-  # tokenizer directory or file, or a .gguf file's tokenizer and chat template).
+  # tokenizer directory or file, or a .gguf file's tokenizer and chat template); an empty
+  # `path` follows model.path, so overriding the model brings its own tokenizer.
   c.tokenizer = ml_collections.ConfigDict(dict(kind='chars', path='', extra_eos=()))
 
-  # Prompts: a synthetic task, or a JSONL/Parquet file in GSM8K or MATH format.
+  # Prompts: a synthetic task, or a JSONL/Parquet file in GSM8K, MATH or plain format (an
+  # empty eval_path holds out the file's last eval.num_prompts examples, at most a tenth).
+  # prompt_template: a format string with {prompt}, or 'chat' (the tokenizer's chat template).
   c.data = ml_collections.ConfigDict(dict(
       source='task',  # 'task' | 'jsonl' | 'parquet'
       task='arithmetic', difficulty=5, task_options={},
-      path='', eval_path='', format='gsm8k',  # 'gsm8k' | 'math'
+      path='', eval_path='', format='gsm8k',  # 'gsm8k' | 'math' | 'plain' (tasks/data.FORMATS)
       # Up to 512 prompt tokens, verl's and TRL's max_prompt_length (was (32, ..., 256): the
       # demo's prompts are short; a shorter prompt still takes the smallest bucket it fits).
       held_out_fraction=0.1, prompt_template='{prompt}',
@@ -157,8 +160,10 @@ def default() -> ml_collections.ConfigDict:
   # allow_weak_sandbox: run code-executing verifiers (python_tests, prolog) where the
   # sandbox has only rlimits and an audit hook (no namespaces, no Landlock); refused if False.
   # workers 8 (was 2, this 2-core VM's count): 512 rollouts a step through math-verify.
+  # max_crash_frac: a step whose items crash the verifier more often than this (a broken
+  # reward) stops the run with the first crash's error (1.0: never).
   c.verifier = ml_collections.ConfigDict(dict(name='math', deadline_s=60.0, workers=8,
-                                              allow_weak_sandbox=False))
+                                              allow_weak_sandbox=False, max_crash_frac=0.5))
 
   # Model-judged step rewards (rlreason/rollout/judge.py), combined with the verifier's reward as
   # verifier_weight * verifier + weight(progress) * judge; 'linear' goes weight -> weight_end.

@@ -12,11 +12,9 @@ by themselves; elsewhere pass `--multihost --coordinator_address=HOST:PORT --num
 Deliberately not here: anything that runs per step (train.py).
 """
 
-import json
 import logging
 import os
 import pathlib
-import subprocess
 import sys
 import traceback
 
@@ -45,14 +43,6 @@ _CPU_DEVICES = flags.DEFINE_integer(
     'cpu_devices', 0, 'On a CPU host: run as this many single-threaded XLA devices, rows '
     'sharded over them (sharding.split_cpu_host; e.g. $(nproc)). 0 keeps one device.')
 flags.mark_flags_as_required(['config', 'workdir'])
-
-
-def _git_commit() -> str:
-  try:
-    return subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True, text=True,
-                          cwd=pathlib.Path(__file__).parent, timeout=10).stdout.strip()
-  except (OSError, subprocess.SubprocessError):
-    return 'unknown'
 
 
 def _start_multihost():
@@ -86,14 +76,12 @@ def run(config, workdir: pathlib.Path) -> dict[str, float]:
   if jax.process_count() > 1:
     _check_multihost(config, jax)
   workdir.mkdir(parents=True, exist_ok=True)
-  commit = _git_commit()
-  if jax.process_index() == 0:  # Whole or not at all: a resumed run rewrites it.
-    checkpoint.write_text_atomic(workdir / 'config.json', json.dumps(
-        {'git_commit': commit, 'config': config.to_dict()}, indent=2, default=str))
-  logging.info('git commit %s; process %d of %d; config:\n%s', commit, jax.process_index(),
-               jax.process_count(), config)
+  logging.info('git commit %s; process %d of %d; config:\n%s', checkpoint.git_commit(),
+               jax.process_index(), jax.process_count(), config)
   if config.reward_model.train.enabled:  # Train a reward model, not a policy.
     from rlreason.methods import reward_model
+    if jax.process_index() == 0:
+      checkpoint.write_run_config(workdir, config.to_dict())
     return reward_model.train(config, workdir)
   _, metrics = train.train(config, str(workdir))
   return metrics

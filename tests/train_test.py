@@ -190,11 +190,22 @@ def test_rows_must_split_over_data_parallel_devices():
     config_lib.validate(c, num_devices=8)
 
 
-def test_config_is_written_with_the_commit(tmp_path):
-  # main.py writes config.json before compiling; exercised through its helper here.
-  from rlreason import main
-  assert isinstance(main._git_commit(), str)
-  json.dumps(tiny_config().to_dict())
+def test_config_json_is_written_after_init_and_kept_when_a_resume_fails(tmp_path, capsys):
+  c = tiny_config(steps=1)
+  train.train(c, str(tmp_path))
+  written = json.loads((tmp_path / 'config.json').read_text())
+  assert written['config']['rl']['steps'] == 1 and written['git_commit']
+  other = tiny_config(steps=2)
+  other.model.arch.hidden_size = 64
+  with pytest.raises(checkpoint.CheckpointMismatchError,
+                     match=r'model.arch.hidden_size: 32 -> 64(.|\n)*new --workdir'):
+    train.train(other, str(tmp_path))
+  assert json.loads((tmp_path / 'config.json').read_text()) == written  # The record stays.
+  capsys.readouterr()
+  train.train(tiny_config(steps=2), str(tmp_path))  # The same model resumes, and says so.
+  out = capsys.readouterr().out
+  assert f'resumed from step 1 (workdir {tmp_path})' in out
+  assert 'step 2/2' in out  # The last step always prints.
 
 
 EXPERIMENTS = sorted(p.stem for p in (pathlib.Path(__file__).resolve().parents[1] /
@@ -246,3 +257,24 @@ def test_demo_tools_report_runs_the_baseline_and_plots(tmp_path):
   assert values['demo_targets_met'] in ('0', '1')
   assert (tmp_path / 'learning_curves.png').stat().st_size > 0
   assert list((tmp_path / 'baselines' / 'sft_only' / 'tensorboard').iterdir())
+
+
+def test_an_unimportable_or_crashing_reward_stops_the_run_with_its_error(tmp_path):
+  c = tiny_config(steps=2)
+  c.verifier.name = 'myreward_absent:last_int'
+  with pytest.raises(ValueError, match=r"verifier.name: verifier 'myreward_absent:last_int' "
+                     r'cannot be loaded: ModuleNotFoundError'):
+    train.train(c, str(tmp_path / 'absent'))
+  # Passes the start-up probe (its first call in a process), then raises.
+  reward = tmp_path / 'picky.py'
+  reward.write_text('CALLS = []\n'
+                    'def score(item):\n'
+                    '  CALLS.append(1)\n'
+                    '  if len(CALLS) > 1:\n'
+                    "    raise ValueError('cannot read ' + repr(item['completion']))\n"
+                    '  return 0.0\n')
+  c.verifier.name = f'{reward}:score'
+  from rlreason.rl import rl_batch
+  with pytest.raises(rl_batch.RewardCrashError, match=r"crashed on \d+ of \d+ items(.|\n)*"
+                     r'ValueError: cannot read .*picky.py:5 in score\]'):
+    train.train(c, str(tmp_path / 'crash'))

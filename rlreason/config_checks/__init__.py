@@ -13,6 +13,7 @@ import ml_collections
 
 from rlreason.config_checks import adapters
 from rlreason.config_checks import agents
+from rlreason.config_checks import inputs
 from rlreason.config_checks import learned_rewards
 from rlreason.config_checks.lengths import completion_length  # noqa: F401 (re-exported)
 from rlreason.config_checks import monitoring
@@ -92,6 +93,8 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
   check(c.model.init in ('random', 'hf'), f"model.init={c.model.init!r}; known: 'random', 'hf'.")
   if c.model.init == 'hf':
     check(bool(c.model.path), 'model.path is empty but model.init is "hf".')
+  inputs.check_paths(c, check)
+  inputs.check_reward(c, check)
   for field, registry_dict in (('advantage', advantages.ESTIMATORS),
                                ('policy_loss', losses.POLICY_LOSSES),
                                ('aggregation', aggregation.AGGREGATIONS),

@@ -11,7 +11,7 @@ once every item is written, so a process killed mid-write (SIGKILL, OOM, a lost 
 the previous step as the newest (tests/checkpoint_crash_test.py kills a run inside an item's
 write and just before the rename; the resume is bit-exact). A disk that fills up while saving
 raises `DiskFullError`, which names the workdir and the intact previous step, after removing
-the partial step. Files the run writes beside its checkpoints (main.py's config.json) go
+the partial step. Files the run writes beside its checkpoints (`write_run_config`) go
 through `write_text_atomic`; the in-flight rollouts' file (async_rl.py) renames likewise.
 
 A SIGTERM (TPU preemption notice) or a Ctrl-C sets a flag that the loop polls after each step:
@@ -24,11 +24,13 @@ Deliberately not here: what the state contains (update.py) and when to save (tra
 from collections.abc import Mapping
 import contextlib
 import errno
+import json
 import logging
 import os
 import pathlib
 import shutil
 import signal
+import subprocess
 import tempfile
 from typing import Any
 
@@ -48,6 +50,22 @@ def write_text_atomic(path: str | pathlib.Path, text: str) -> None:
   except BaseException:
     pathlib.Path(tmp).unlink(missing_ok=True)
     raise
+
+
+def git_commit() -> str:
+  """The commit of the code that runs (recorded beside the checkpoints), or 'unknown'."""
+  try:
+    return subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True, text=True,
+                          cwd=pathlib.Path(__file__).parent, timeout=10).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    return 'unknown'
+
+
+def write_run_config(workdir: str | pathlib.Path, config: Mapping[str, Any]) -> None:
+  """The workdir's config.json: the config and commit that make its checkpoints. Written after
+  a successful restore or a fresh init, so a failed resume never overwrites the record."""
+  write_text_atomic(pathlib.Path(workdir) / 'config.json', json.dumps(
+      {'git_commit': git_commit(), 'config': dict(config)}, indent=2, default=str))
 
 
 class DiskFullError(OSError):

@@ -29,9 +29,10 @@ class Writer:
   """TensorBoard + JSONL + progress line; a no-op on processes other than 0."""
 
   def __init__(self, workdir: str | pathlib.Path, *, total_steps: int | None = None,
-               tensorboard: bool = True, stream=sys.stdout, every: int = 1):
+               tensorboard: bool = True, stream=None, every: int = 1):
     self.active = jax.process_index() == 0
-    self.total_steps, self.stream, self.every = total_steps, stream, every
+    # sys.stdout when the run starts (not at import: notebooks and tests swap it).
+    self.total_steps, self.stream, self.every = total_steps, stream or sys.stdout, every
     self._start, self._start_step = time.time(), None
     self._tb = self._jsonl = None
     if not self.active:
@@ -58,13 +59,16 @@ class Writer:
 
   def progress(self, step: int, summary: Mapping[str, float], keys=(),
                label: str | None = None) -> None:
-    """One line with rate and ETA: `step 40/200 | 2.1 s/step | ETA 5m36s | reward 0.41`."""
+    """One line with rate and ETA: `step 40/200 | 2.1 s/step | ETA 5m36s | reward 0.41`.
+
+    Every `every` steps, and always the first and the last."""
     if label is not None:  # A phase with its own counter (the SFT warm start): no ETA.
       if self.active:
         parts = [label] + [f'{k} {summary[k]:.4g}' for k in keys if k in summary]
         print(' | '.join(parts), file=self.stream, flush=True)
       return
-    if not self.active or step % self.every:
+    first, last = self._start_step is None, step == self.total_steps
+    if not self.active or (step % self.every and not first and not last):
       return
     if self._start_step is None:
       self._start, self._start_step = time.time(), step

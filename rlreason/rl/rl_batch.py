@@ -84,6 +84,20 @@ def _modes_N(texts, examples, first: int, g: int) -> np.ndarray:
                    ((examples[(first + n) // g], text) for n, text in enumerate(texts))], np.int32)
 
 
+class RewardCrashError(RuntimeError):
+  """The verifier crashed on too many of a step's items (a broken reward)."""
+
+
+def check_crashes(verdicts, *, name: str, max_frac: float) -> None:
+  """Raises RewardCrashError with the first crash's error when more than `max_frac` of the
+  items crashed: a reward that raises would otherwise train on reward 0, silently."""
+  crashed = [v for v in verdicts if v.status == 'crash']
+  if verdicts and len(crashed) / len(verdicts) > max_frac:
+    raise RewardCrashError(
+        f'verifier {name!r} crashed on {len(crashed)} of {len(verdicts)} items (more than '
+        f'verifier.max_crash_frac={max_frac}); the first: {crashed[0].detail}')
+
+
 def score(run, rollout: Rollout, examples, *, progress: float, params=None,
           judge: bool = True) -> tuple[Scores, list]:
   """(Scores, verdicts) of a rollout: the verifier pool, then the judge and overlong shaping.
@@ -107,6 +121,8 @@ def score(run, rollout: Rollout, examples, *, progress: float, params=None,
   metrics = {f'verifier/{s}_frac': statuses.count(s) / len(statuses) for s in set(statuses)}
   metrics['train/accuracy'] = statuses.count('correct') / len(statuses)
   metrics['verifier/latency_max_s'] = max(v.latency_s for v in verdicts)
+  check_crashes(verdicts, name=run.config.verifier.name,
+                max_frac=run.config.verifier.get('max_crash_frac', 1.0))
   rewards_BxG, judge_N = verifier_BxG, None
   if run.judge is not None and judge:
     result = run.judge.score([examples[n // g].prompt for n in range(len(texts))], texts,

@@ -112,7 +112,9 @@ class Run:
     saved_config = self.checkpointer.saved_config()
     if saved_config is not None:  # Before the state: a LoRA state's tree is not a full one's.
       adapters.check_resume(saved_config, self.adapter, self.config)
-    restored = self.checkpointer.restore(abstract)
+    restored = self.checkpointer.restore(abstract, config=self.saved_config())
+    if jax.process_index() == 0:  # Only now: a failed resume keeps the old record.
+      checkpoint.write_run_config(self.workdir, self.config.to_dict())
     if release_init_params:
       shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                             self.init_params)
@@ -126,12 +128,20 @@ class Run:
     self.restored = True
     if data_state:
       self.data_iter.set_state(data_state)
-    logging.info('resumed from step %d in %s', step, self.workdir)
+    if jax.process_index() == 0:
+      print(f'resumed from step {step} (workdir {self.workdir})', flush=True)
     if self.config.objective.kl_coef:
       self.ref_params = self.warm_start_policy(abstract)
     for hook in extensions.hooks(self, 'on_restore'):  # Methods' state at that step.
       hook(self, step, abstract)
     return state, step
+
+  def saved_config(self) -> dict:
+    """The config a checkpoint of this run carries (with a LoRA base's fingerprint)."""
+    config = self.config.to_dict()
+    if self.adapter is not None:
+      config[adapters.FINGERPRINT_KEY] = self.adapter.fingerprint
+    return config
 
   def init_state(self, params):
     """A fresh TrainState around `params` (with the critic head when the config has one)."""
@@ -151,10 +161,7 @@ class Run:
   def save(self, step: int, state, *, metrics=None) -> None:
     if step == 0 and self.config.objective.kl_coef:
       self.ref_params = jax.tree.map(jnp.copy, self.policy(state.params))
-    saved_config = self.config.to_dict()
-    if self.adapter is not None:
-      saved_config[adapters.FINGERPRINT_KEY] = self.adapter.fingerprint
-    kw = dict(data_state=self.data_iter.get_state(), config=saved_config, force=True)
+    kw = dict(data_state=self.data_iter.get_state(), config=self.saved_config(), force=True)
     self.checkpointer.save(step, state, metrics=metrics, **kw)
     self.checkpointer.wait()
     for hook in extensions.hooks(self, 'on_save'):  # Methods' state beside the checkpoint.
@@ -183,7 +190,8 @@ def _tokenizer(config) -> tokenizer_lib.Tokenizer:
       raise ValueError("tokenizer.kind='chars' needs data.source='task' (it uses the task's "
                        'character set); set tokenizer.kind="hf" and tokenizer.path.')
     return tokenizer_lib.from_characters(tasks.get_task(config.data.task).chars)
-  return tokenizer_lib.load(config.tokenizer.path, extra_eos=tuple(config.tokenizer.extra_eos))
+  path = config.tokenizer.path or config.model.path  # The checkpoint's own, unless set.
+  return tokenizer_lib.load(path, extra_eos=tuple(config.tokenizer.extra_eos))
 
 
 def _examples(config):
@@ -202,10 +210,16 @@ def _examples(config):
                                  difficulty=d.difficulty, options=options,
                                  held_out_fraction=d.held_out_fraction)
   else:
-    fmt = data.GSM8K if d.format == 'gsm8k' else data.MATH
+    fmt = data.record_format(d.format)
     load = data.load_jsonl if d.source == 'jsonl' else data.load_parquet
     train_examples = load(d.path, fmt)
-    held_out = load(d.eval_path, fmt)[:config.eval.num_prompts] if d.eval_path else []
+    if d.eval_path:
+      held_out = load(d.eval_path, fmt)[:config.eval.num_prompts]
+    else:  # The file's last examples, kept out of training.
+      k = min(config.eval.num_prompts, len(train_examples) // 10)
+      train_examples, held_out = train_examples[:len(train_examples) - k], train_examples[-k:]
+      logging.info('data.eval_path is empty: the last %d examples of %s are held out.', k,
+                   d.path)
     stream = data.examples_dataset(train_examples, seed=config.seed, **shard)
   return _schedule(config, stream), held_out
 
@@ -373,7 +387,8 @@ def make_environment(config, tok, examples=()):
   renderer = render.make_renderer(tok, family=e.family, tools=env.specs(),
                                   system_prompt=e.system_prompt,
                                   prompt_template=config.data.prompt_template,
-                                  chat_kwargs=dict(e.chat_kwargs))
+                                  chat_kwargs=dict(e.chat_kwargs),
+                                  tool_calls_per_turn=e.get('tool_calls_per_turn', ''))
   return env, renderer
 
 
@@ -410,13 +425,22 @@ def export_policy(run: Run, params, path, *, dtype: str = '') -> pathlib.Path:
 
 
 def encode_prompts(run: Run, examples) -> Prompts:
-  template = run.config.data.prompt_template
-  ids = [run.tok.encode(template.format(prompt=ex.prompt)) for ex in examples]
+  ids = [run.tok.encode(render_prompt(run.config.data.prompt_template, run.tok, ex.prompt))
+         for ex in examples]
   return sampler.prepare_prompts(ids, buckets=run.config.data.prompt_buckets, pad_id=run.pad_id)
+
+
+def render_prompt(template: str, tok, prompt: str) -> str:
+  """data.prompt_template applied: 'chat' renders one user turn with the tokenizer's own chat
+  template and its generation prompt; anything else is a format string with {prompt}."""
+  if template == 'chat':
+    return tok.apply_chat_template([{'role': 'user', 'content': prompt}],
+                                   add_generation_prompt=True)
+  return template.format(prompt=prompt)
 
 
 def prompt_text(run: Run, example) -> str:
   """The prompt as the policy sees it: the episode renderer's, or data.prompt_template's."""
   if run.renderer is not None:
     return run.renderer.prompt_text(example)
-  return run.config.data.prompt_template.format(prompt=example.prompt)
+  return render_prompt(run.config.data.prompt_template, run.tok, example.prompt)

@@ -180,7 +180,8 @@ def rl_step(run: Run, state, step: int, times: dict[str, float], async_sampler=N
 
 
 # The progress line's metrics (a key missing from a step's summary is left out).
-PROGRESS_KEYS = ('train/reward', 'eval/pass@1', 'loss', 'monitors/audit', 'monitors/disagreement',
+PROGRESS_KEYS = ('train/reward', 'eval/pass@1', 'loss', 'verifier/crash_frac',
+                 'verifier/parse_failure_frac', 'monitors/audit', 'monitors/disagreement',
                  'monitors/alarms', 'perplexity/answer', 'perplexity/prompt')
 
 

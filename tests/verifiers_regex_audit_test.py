@@ -37,6 +37,7 @@ from rlreason.model import tokenizer
 from rlreason.rollout import judge
 from rlreason.rollout import scribe
 from rlreason.rollout import slate_judge
+from rlreason.tasks import chat_arithmetic
 from rlreason.tasks import arithmetic as arithmetic_task
 from rlreason.tasks import policy_recall as policy_task
 from rlreason.verifiers import answer_extraction as ae
@@ -104,8 +105,8 @@ PATTERNS = {
     'tasks.arithmetic._COLUMN': (_fn(arithmetic_task._COLUMN, 'fullmatch'), ('1,', '1,1', ',')),
     'tasks.policy_recall._RECITED_RULE': (_fn(policy_task._RECITED_RULE, 'search'),
                                           ('POL-', 'POL-1', ' POL-1 ', '\n ', '\nPOL-1 ')),
-    'envs.formats._QWEN_CALL': (lambda t: list(formats._QWEN_CALL.finditer(t)),
-                                ('<tool_call>', '</tool_call>', '<tool_call>{')),
+    'tasks.chat_arithmetic._FINAL_NUMBER': (chat_arithmetic.final_number,
+                                           ('1', '1,', ' 1', '1 .', '-1**', '$1')),
     'envs.formats._TAGS_CALL': (lambda t: list(formats._TAGS_CALL.finditer(t)),
                                 ('<call>', '</call>', '<call>a:')),
     'envs.formats._TAGS_BODY': (_fn(formats._TAGS_BODY, 'fullmatch'), ('a', ' a', 'a:', 'a.')),
@@ -223,7 +224,9 @@ SCANNED = {
     'verifiers/policy_recall.py': 2,  # the item's id_pattern; a split of a gold field.
     'verifiers/text_answer.py': 2,  # the item's pattern, compiled or full-matched.
     'rollout/judge.py': 2, 'model/tokenizer.py': 1, 'tasks/arithmetic.py': 1,
-    'tasks/policy_recall.py': 1, 'envs/calculator.py': 1, 'envs/formats.py': 3,
+    'tasks/policy_recall.py': 1, 'envs/calculator.py': 1, 'envs/formats.py': 2,
+    'envs/render.py': 1,  # a split on two literal marks: linear.
+    'tasks/chat_arithmetic.py': 2,  # final_number (audited); a fullmatch of the gold answer.
     'envs/tasks.py': 1,  # envs/tasks: gold call references, not model output.
     'envs/patient.py': 1, 'envs/slate_rules.py': 1, 'rollout/slate_judge.py': 1,
     'envs/artist.py': 1, 'rollout/scribe.py': 2,  # scribe: the libraries' claim patterns.

@@ -62,10 +62,20 @@ def problem_key(example: example_lib.Example) -> str:
   return f'{a}{example.meta["op"]}{b}'
 
 
+# An answer is far shorter; matching on the tail keeps the search linear in the completion
+# (the pattern anchored at the end is quadratic on a long run of digits).
+_TAIL_CHARS = 128
+
+
 def final_number(text: str) -> str | None:
-  """The integer a completion ends with (thousands commas removed), or None."""
-  match = _FINAL_NUMBER.search(text.strip())
-  return None if match is None else match.group(1).replace(',', '')
+  """The integer a completion ends with (thousands commas removed), or None (also for a
+  number longer than the tail, which is no answer)."""
+  text = text.strip()
+  tail = text[-_TAIL_CHARS:]
+  match = _FINAL_NUMBER.search(tail)
+  if match is None or (match.start() == 0 and len(text) > len(tail)):
+    return None
+  return match.group(1).replace(',', '')
 
 
 @verdict.verifier

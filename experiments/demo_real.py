@@ -28,18 +28,21 @@ budget) and sometimes '42 + 23 = 65'; so the report separates the format-complia
 Sampling temperature 0.7 (not 1.0): at 1.0 only 2.6% of samples were right, so most groups
 of 8 had no correct sample and gave no gradient.
 
-Hardware: a 2-core CPU. Status (2026-12-03, measured on the shared 2-core VM at load averages
-of 10-19, i.e. this process got ~0.15-0.3 of a core): the +0.10 target within 20 minutes is
-NOT shown. Measured: loading the GGUF (dequantise 30 layers) ~20 s wall; the step-0 greedy
-evaluation on the 500 held-out problems (16 new tokens) gives pass@1 = 0.098 (seed 0), about
-2:40 min of CPU (this process's user+system; ~10 min of wall at that load). A first attempt with
-16 prompts x G=8 in one micro-batch reached 17 GB RSS in its first update (rl/memory's estimate
-11.3 GB) and was stopped; this config (8 prompts x 8, micro_batches=8, estimate 3.7 GB) was
-still in its first step when the session ended: see the report for the numbers it reached.
-Whether GRPO lifts this task by +0.10 is therefore unmeasured; the expected cost of one step
-here is ~1 min of CPU (sampling 64 x 16 tokens, old log-probs and the update of 64 x 64
-tokens over 30 layers), so 20 steps and three 500-problem evaluations need ~30 min of CPU on
-a quiet 2-core machine, over the 20-minute budget with installation.
+Hardware: a 2-core CPU. Measured (2026-12-03, seed 0, on the shared 2-core VM at load
+averages 6-19; rlreason.main alone, the venv already installed): held-out greedy pass@1 on
+500 problems 0.098 at step 0 -> 0.632 at step 10 (+0.53; the step-20 number is in the
+report of the commit after this one, if it landed). Training samples (T=0.7): accuracy
+0.047 -> 0.875 at step 10, parse failures (no final number) 0.52 -> ~0.00, so accuracy among
+format-compliant samples 0.10 -> 0.88: correctness, not only format. Cost: step 1 (compiles
+included) 104 s CPU; later steps 55-63 s CPU each (user + system of the process); the
+step-0 evaluation ~2.7 min CPU, the step-10 one 118 s wall on a quieter machine. So 20 steps
+and three evaluations are ~28 min of CPU: on a quiet 2-core machine (~1.6 cores used)
+~18 min of wall, plus loading (~20 s) and installation: at or just over the 20-minute
+budget; with rl.steps=10 (already +0.53 here) well inside it. Wall time here was 50-340 s
+per step, depending on the other sessions' load. Only seed 0 was run.
+An earlier attempt with 16 prompts x G=8 in one micro-batch reached 17 GB RSS in its first
+update (rl/memory's estimate 11.3 GB) and was stopped; this config estimates 3.7 GB and ran
+at ~5.4 GB RSS.
 """
 
 from rlreason import config as config_lib

@@ -40,6 +40,16 @@ def test_the_run_logs_the_new_metrics(finished_run):
   assert 0.0 <= row['train/zero_variance_frac'] <= 1.0 and np.isfinite(row['loss'])
 
 
+def test_the_workdirs_config_json_stands_in_for_config(finished_run, tmp_path):
+  c, workdir, _, eval_metrics = finished_run
+  assert evaluate.workdir_config(workdir).to_dict() == c.to_dict()
+  result = evaluate.evaluate_checkpoint(evaluate.workdir_config(workdir), workdir,
+                                        output=str(tmp_path / 'from_json.json'))
+  assert result['metrics']['pass@1'] == eval_metrics['eval/pass@1']
+  with pytest.raises(FileNotFoundError, match=r'config.json does not exist: pass --config'):
+    evaluate.workdir_config(tmp_path)
+
+
 def test_eval_of_the_checkpoint_matches_the_run_and_writes_json(finished_run, tmp_path):
   c, workdir, _, eval_metrics = finished_run
   # Same checkpoint, same held-out prompts, greedy, same key: the run's own final numbers.

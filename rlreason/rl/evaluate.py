@@ -1,6 +1,6 @@
 """Held-out evaluation: pass@k (unbiased), mean@k and majority vote over k samples.
 
-  python -m rlreason.rl.evaluate --config experiments/demo.py --workdir DIR [--step N] [--k 8]
+  python -m rlreason.rl.evaluate --workdir DIR [--config experiments/demo.py] [--step N] [--k 8]
       [--temperature 1.0] [--output FILE] [--export HF_DIR]
 
 restores the newest (or step N's) checkpoint in DIR, samples k completions per held-out
@@ -213,6 +213,26 @@ def restore_params(run, *, step: int | None = None, from_best: bool = False):
   return restored[0], restored[1].params
 
 
+def workdir_config(workdir):
+  """The config a workdir's checkpoints were made with (its config.json), as a ConfigDict;
+  JSON lists become the tuples the defaults hold."""
+  import ml_collections
+  from rlreason import config as config_lib
+  path = pathlib.Path(workdir) / 'config.json'
+  if not path.is_file():
+    raise FileNotFoundError(f'{path} does not exist: pass --config (the run\'s experiment '
+                            'config), or a workdir that a run has started in.')
+  saved = json.loads(path.read_text())['config']
+  defaults = config_lib.default().to_dict()
+
+  def typed(value, default):
+    if isinstance(value, dict):
+      return {k: typed(v, default.get(k) if isinstance(default, dict) else None)
+              for k, v in value.items()}
+    return tuple(value) if isinstance(value, list) and isinstance(default, tuple) else value
+  return ml_collections.ConfigDict(typed(saved, defaults))
+
+
 def evaluate_checkpoint(config, workdir, *, step: int | None = None, from_best: bool = False,
                         k: int = 0, temperature: float | None = None, output: str = '',
                         export: str = '', pot_options: dict | None = None) -> dict:
@@ -266,7 +286,10 @@ if __name__ == '__main__':
   from absl import flags
   from absl import logging as absl_logging
   from ml_collections import config_flags
-  _CONFIG = config_flags.DEFINE_config_file('config', None, 'The run\'s experiment config.')
+  from rlreason import platforms
+  platforms.default_to_cpu()
+  _CONFIG = config_flags.DEFINE_config_file(
+      'config', None, 'The run\'s experiment config (default: the workdir\'s config.json).')
   _WORKDIR = flags.DEFINE_string('workdir', None, 'The run\'s workdir (its checkpoints).')
   _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step (default: the newest).')
   _BEST = flags.DEFINE_bool('best', False, 'Evaluate the best checkpoint instead.')
@@ -279,12 +302,13 @@ if __name__ == '__main__':
   _POT_CANDIDATES = flags.DEFINE_integer('pot_candidates', 8, 'PoT: samples per update.')
   _POT_RANK = flags.DEFINE_integer('pot_rank', 4, 'PoT: the transient adapter\'s rank.')
   _POT_LR = flags.DEFINE_float('pot_lr', 3e-3, 'PoT: Adam\'s lr (see experiments/pot_study.py).')
-  flags.mark_flags_as_required(['config', 'workdir'])
+  flags.mark_flags_as_required(['workdir'])
 
   def _main(argv):
     del argv
     absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every file at INFO.
-    evaluate_checkpoint(_CONFIG.value, _WORKDIR.value, step=_STEP.value, from_best=_BEST.value,
+    config = _CONFIG.value or workdir_config(_WORKDIR.value)
+    evaluate_checkpoint(config, _WORKDIR.value, step=_STEP.value, from_best=_BEST.value,
                         k=_K.value, temperature=_TEMPERATURE.value, output=_OUTPUT.value,
                         export=_EXPORT.value,
                         pot_options=dict(steps=_POT_STEPS.value, candidates=_POT_CANDIDATES.value,

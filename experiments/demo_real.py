@@ -30,8 +30,11 @@ of 8 had no correct sample and gave no gradient.
 
 Hardware: a 2-core CPU. Measured (2026-12-03, seed 0, on the shared 2-core VM at load
 averages 6-19; rlreason.main alone, the venv already installed): held-out greedy pass@1 on
-500 problems 0.098 at step 0 -> 0.632 at step 10 (+0.53; the step-20 number is in the
-report of the commit after this one, if it landed). Training samples (T=0.7): accuracy
+500 problems 0.098 at step 0 -> 0.632 at step 10 -> 0.572 at step 20 (+0.47 at the end, but
+past its peak: the sampled accuracy fell from 0.875 at step 10 to 0.34-0.45 at steps 17-20
+with the entropy at ~0.05-0.09 nats/token; lr 3e-5 is probably too high for 20 steps, and
+rl.steps=10 or a lower lr is the next thing to try). Whole run: 1527 s user + 35 s system
+CPU, 49:52 wall (load 15 at the start, 5 at the end), peak RSS 5.2 GB. Training samples (T=0.7): accuracy
 0.047 -> 0.875 at step 10, parse failures (no final number) 0.52 -> ~0.00, so accuracy among
 format-compliant samples 0.10 -> 0.88: correctness, not only format. Cost: step 1 (compiles
 included) 104 s CPU; later steps 55-63 s CPU each (user + system of the process); the

@@ -34,9 +34,9 @@ from rlreason.rl.rl_batch import decode_completions
 from rlreason.rl.run_setup import build, encode_prompts, prompt_text
 from rlreason.rollout import sampler
 
-_CONFIG = config_flags.DEFINE_config_file('config', 'experiments/demo_real.py', 'Demo config.')
-_WORKDIR = flags.DEFINE_string('workdir', None, 'The workdir of the finished run.')
-flags.mark_flags_as_required(['workdir'])
+# Defined when run as a script (below): a test imports `report` into a process whose
+# rlreason.main already defined --config.
+_CONFIG = _WORKDIR = None
 
 TRANSCRIPTS = 40
 GAIN_TARGET = 0.10
@@ -151,4 +151,7 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  _CONFIG = config_flags.DEFINE_config_file('config', 'experiments/demo_real.py', 'Demo config.')
+  _WORKDIR = flags.DEFINE_string('workdir', None, 'The workdir of the finished run.')
+  flags.mark_flags_as_required(['workdir'])
   app.run(main)

@@ -18,6 +18,7 @@ os.environ['XLA_FLAGS'] = (_FLAGS + ' --xla_force_host_platform_device_count=8')
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import jax  # noqa: E402  (must come after XLA_FLAGS)
+import pytest  # noqa: E402
 
 from rlreason import compile_cache  # noqa: E402
 
@@ -33,3 +34,12 @@ _MIN_COMPILE_S = float(os.environ.get('RLREASON_CACHE_MIN_COMPILE_S', 0.0))
 compile_cache.enable(_CACHE, min_compile_time_s=_MIN_COMPILE_S, min_entry_size_bytes=0)
 
 SHARED_DATA = pathlib.Path(__file__).resolve().parents[2] / 'shared' / 'data'
+
+
+@pytest.fixture(autouse=True, scope='module')
+def _close_the_shared_answer_pool():
+  """Episodes score final answers through one pool per process (envs/answer_scoring.py); it
+  is closed after each test module, so its workers never look like another test's strays."""
+  yield
+  from rlreason.envs import answer_scoring
+  answer_scoring.close_pool()

@@ -32,7 +32,7 @@ ALLOWED = {
     # analysis/ (logit lens, patching, perplexity) sits below rl/: rl logs its perplexity split.
     'analysis': {'model', 'objectives', 'structs'},
     'rl': {'analysis', 'compile_cache', 'config', 'envs', 'model', 'multihost', 'objectives',
-           'rollout', 'structs', 'tasks', 'verifiers'},
+           'platforms', 'rollout', 'structs', 'tasks', 'verifiers'},  # evaluate's command line.
     'methods': {'analysis', 'config', 'envs', 'model', 'multihost', 'objectives', 'rl', 'rollout',
                 'structs', 'tasks', 'verifiers'},
     'dynamics': {'model', 'objectives', 'rl', 'structs', 'tasks'},

@@ -56,7 +56,7 @@ def git_commit() -> str:
   """The commit of the code that runs (recorded beside the checkpoints), or 'unknown'."""
   try:
     return subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True, text=True,
-                          cwd=pathlib.Path(__file__).parent, timeout=10).stdout.strip()
+                          cwd=pathlib.Path(__file__).parent, timeout=10).stdout.strip() or 'unknown'
   except (OSError, subprocess.SubprocessError):
     return 'unknown'
 

@@ -114,7 +114,7 @@ def simulate(smoke: bool) -> dict:
         warm = jax.tree.map(jnp.copy, state.params)  # The update donates its params.
       state = state.replace(params=jax.tree.map(jnp.copy, warm))
       if c.prefix_rollouts.enabled:  # The buffer starts with the warm start (step 0).
-        soup.push_snapshot(run, run.policy(state.params), 0)
+        soup.push_snapshot(run.methods['prefixes'], run.policy(state.params), 0)
       curve, entropy = [(0, held_out(run, run.policy(state.params), eval_rng))], []
       for step in range(1, c.rl.steps + 1):
         state, metrics = train.rl_step(run, state, step, {})

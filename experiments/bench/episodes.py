@@ -129,6 +129,11 @@ class IdsTokenizer:
   def encode(self, text: str) -> list[int]:
     return [int(t) for t in text.split()]
 
+  def encode_pieces(self, pieces) -> list[int]:
+    """As model/tokenizer.Tokenizer.encode_pieces (run_episodes encodes observations so):
+    there are no added tokens here, so trusted or not, the ids of the joined text."""
+    return self.encode(''.join(text for text, _ in pieces))
+
   def decode(self, ids, skip_special_tokens: bool = False) -> str:
     del skip_special_tokens
     return ''.join(f' {int(i)}' for i in ids)

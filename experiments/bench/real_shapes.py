@@ -83,6 +83,7 @@ in the update at 14941 and 10717 MiB) while other processes held 8-17 GB. The pe
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import resource
 import subprocess
@@ -287,7 +288,8 @@ def main(argv=None):
       seconds['init'] = time.perf_counter() - start
     released = isinstance(run.init_params['embed'], jax.ShapeDtypeStruct)
     logprobs = Timed(run.logprobs, clock, static_tail=1)  # completion_len is static.
-    step_timed = Timed(run.train_step.func, clock, **run.train_step.keywords)
+    stage = run.schedule.stage(1)  # The plain schedule's one stage holds the jitted step.
+    step_timed = Timed(stage.train_step.func, clock, **stage.train_step.keywords)
     times, sample_compile, prompt_len = {}, 0.0, 0
 
     # Per-phase RSS: rl_step's phases, told apart by wrapping the pieces it calls.
@@ -310,7 +312,9 @@ def main(argv=None):
 
     train.sample_and_verify = sample_and_verify
     run.logprobs = wrap_phase(logprobs, 'old log-probs')
-    run.train_step = wrap_phase(step_timed, 'update')
+    # rl_step updates through run.schedule.stage(step).train_step, not run.train_step.
+    timed_stage = dataclasses.replace(stage, train_step=wrap_phase(step_timed, 'update'))
+    run.schedule.stage = lambda _: timed_stage
     start = time.perf_counter()
     try:
       with jax.set_mesh(run.mesh):

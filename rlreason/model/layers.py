@@ -159,18 +159,28 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
+  """Pre-norm attention then MLP, residual around each. make_mlp builds the MLP (MLP, or
+  moe_layer.MoEMLP for an MoE layer), after the attention so the dense model's random init
+  draws its keys in the same order as before MoE existed."""
 
-  def __init__(self, cfg, rngs: nnx.Rngs):
+  def __init__(self, cfg, rngs: nnx.Rngs, make_mlp=None):
     self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype, rngs)
     self.attn = Attention(cfg, rngs)
     self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype, rngs)
-    self.mlp = MLP(cfg, rngs)
+    self.mlp = (make_mlp or MLP)(cfg, rngs)
+    self.sparse = make_mlp is not None and make_mlp is not MLP
 
-  def __call__(self, x_NxTxD, rope, mask_NxT, layer_cache, lr=None, subtree_end_NxT=None):
+  def __call__(self, x_NxTxD, rope, mask_NxT, layer_cache, lr=None, subtree_end_NxT=None,
+               forced_ids_NxTxK=None):
+    """Returns (x, new (keys, values) or None, the MoE layer's moe.Routed or None when dense).
+    forced_ids_NxTxK: expert ids to replay (MoE layers; -1 rows route live)."""
     y_NxTxD, new_kv = self.attn(self.attn_norm(x_NxTxD), rope, mask_NxT, layer_cache, lr,
                                 subtree_end_NxT)
     x_NxTxD = x_NxTxD + y_NxTxD
-    return x_NxTxD + self.mlp(self.mlp_norm(x_NxTxD), lr), new_kv
+    if self.sparse:
+      y_NxTxD, routed = self.mlp(self.mlp_norm(x_NxTxD), forced_ids_NxTxK)
+      return x_NxTxD + y_NxTxD, new_kv, routed
+    return x_NxTxD + self.mlp(self.mlp_norm(x_NxTxD), lr), new_kv, None
 
 
 def _float_leaves(tree):

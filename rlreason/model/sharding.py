@@ -1,10 +1,14 @@
 """Device mesh, logical-axis rule tables, and shardings for pytrees.
 
-The mesh has three axes, ('data', 'fsdp', 'tensor'). Arrays name their dimensions with
-logical axes ('vocab', 'embed', 'heads', 'kv_heads', 'head_dim', 'mlp', 'norm' for
-parameters; 'batch', 'seq' for activations); a rule table maps each logical axis to mesh
-axes. Training shards weights over fsdp and tensor; sampling keeps weights whole across
-fsdp (no per-token all-gathers in the decode loop) and splits only over tensor.
+The mesh has three axes, ('data', 'fsdp', 'tensor'), plus 'expert' when asked for (an MoE
+model's experts are sharded over it, composing with fsdp and tensor; MoE layers exchange
+tokens over it by all-to-all, model/moe.py). Arrays name their dimensions with logical axes
+('vocab', 'embed', 'heads', 'kv_heads', 'head_dim', 'mlp', 'norm', and for MoE 'expert',
+'moe_mlp' for parameters; 'batch', 'seq' for activations); a rule table maps each logical
+axis to mesh axes, and a mesh axis the mesh does not have is skipped (so the rules serve
+meshes with and without 'expert'). Training shards weights over fsdp and tensor; sampling
+keeps weights whole across fsdp (no per-token all-gathers in the decode loop) and splits
+only over tensor (and expert).
 
 A dimension that a mesh axis does not divide stays unsharded on that axis (a model with
 2 kv heads on a tensor axis of 4 replicates its k/v projections) rather than failing:
@@ -20,11 +24,12 @@ import jax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ('data', 'fsdp', 'tensor')
+EXPERT_AXIS = 'expert'  # Optional fourth axis, last: MESH_AXES + (EXPERT_AXIS,).
 
 Rules = tuple[tuple[str, tuple[str, ...]], ...]
 
 TRAIN_RULES: Rules = (
-    ('batch', ('data', 'fsdp')),
+    ('batch', ('data', 'fsdp', 'expert')),
     ('vocab', ('tensor',)),
     ('embed', ('fsdp',)),
     ('heads', ('tensor',)),
@@ -33,10 +38,12 @@ TRAIN_RULES: Rules = (
     ('head_dim', ()),
     ('norm', ()),
     ('seq', ()),
+    ('expert', ('expert',)),
+    ('moe_mlp', ('tensor',)),
 )
 
 SAMPLE_RULES: Rules = (
-    ('batch', ('data', 'fsdp')),
+    ('batch', ('data', 'fsdp', 'expert')),
     ('vocab', ('tensor',)),
     ('embed', ()),
     ('heads', ('tensor',)),
@@ -45,41 +52,50 @@ SAMPLE_RULES: Rules = (
     ('head_dim', ()),
     ('norm', ()),
     ('seq', ()),
+    ('expert', ('expert',)),
+    ('moe_mlp', ('tensor',)),
 )
 
 
 def mesh_shape(sizes: Mapping[str, int] | Sequence[int], num_devices: int) -> tuple[int, ...]:
-  """Fills in the one -1 among the ('data', 'fsdp', 'tensor') sizes and checks the product."""
+  """Fills in the one -1 among the ('data', 'fsdp', 'tensor'[, 'expert']) sizes and checks
+  the product. Four sizes come back for a sequence of four or a mapping whose 'expert' is not
+  1, else three: an expert axis of 1 is left out, so a dense run's mesh stays as it was."""
+  axes = MESH_AXES
   if isinstance(sizes, Mapping):
-    unknown = set(sizes) - set(MESH_AXES)
+    axes = MESH_AXES + ((EXPERT_AXIS,) if sizes.get(EXPERT_AXIS, 1) != 1 else ())
+    unknown = set(sizes) - set(MESH_AXES + (EXPERT_AXIS,))
     if unknown:
-      raise ValueError(f'mesh: unknown axes {sorted(unknown)}; known: {MESH_AXES}.')
-    sizes = [sizes.get(a, 1) for a in MESH_AXES]
+      raise ValueError(f'mesh: unknown axes {sorted(unknown)}; known: {MESH_AXES + (EXPERT_AXIS,)}.')
+    sizes = [sizes.get(a, 1) for a in axes]
   sizes = list(sizes)
-  if len(sizes) != len(MESH_AXES):
-    raise ValueError(f'mesh: need {len(MESH_AXES)} sizes for {MESH_AXES}, got {sizes}.')
+  if len(sizes) == len(MESH_AXES) + 1:
+    axes = MESH_AXES + (EXPERT_AXIS,)
+  if len(sizes) != len(axes):
+    raise ValueError(f'mesh: need {len(MESH_AXES)} sizes for {MESH_AXES} (or a fourth for '
+                     f'{EXPERT_AXIS!r}), got {sizes}.')
   if sizes.count(-1) > 1:
-    raise ValueError(f'mesh: at most one size may be -1, got {dict(zip(MESH_AXES, sizes))}.')
+    raise ValueError(f'mesh: at most one size may be -1, got {dict(zip(axes, sizes))}.')
   if any(s == 0 or s < -1 for s in sizes):
-    raise ValueError(f'mesh: sizes must be positive or -1, got {dict(zip(MESH_AXES, sizes))}.')
+    raise ValueError(f'mesh: sizes must be positive or -1, got {dict(zip(axes, sizes))}.')
   known = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
     if num_devices % known:
       raise ValueError(f'mesh: {num_devices} devices are not divisible by the fixed sizes '
-                       f'{dict(zip(MESH_AXES, sizes))} (product {known}).')
+                       f'{dict(zip(axes, sizes))} (product {known}).')
     sizes[sizes.index(-1)] = num_devices // known
   if math.prod(sizes) != num_devices:
-    raise ValueError(f'mesh: sizes {dict(zip(MESH_AXES, sizes))} multiply to '
+    raise ValueError(f'mesh: sizes {dict(zip(axes, sizes))} multiply to '
                      f'{math.prod(sizes)}, but there are {num_devices} devices.')
   return tuple(sizes)
 
 
 def make_mesh(sizes: Mapping[str, int] | Sequence[int] = (1, -1, 1), devices=None) -> Mesh:
-  """A ('data', 'fsdp', 'tensor') mesh with classic (Auto) sharding propagation."""
+  """A ('data', 'fsdp', 'tensor'[, 'expert']) mesh with classic (Auto) sharding propagation."""
   devices = jax.devices() if devices is None else list(devices)
   shape = mesh_shape(sizes, len(devices))
-  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
-                       devices=devices)
+  axes = MESH_AXES + (EXPERT_AXIS,) * (len(shape) - len(MESH_AXES))
+  return jax.make_mesh(shape, axes, axis_types=(AxisType.Auto,) * len(axes), devices=devices)
 
 
 def logical_to_spec(axes: Sequence[str | None], rules: Rules, mesh: Mesh | None = None,
@@ -87,7 +103,8 @@ def logical_to_spec(axes: Sequence[str | None], rules: Rules, mesh: Mesh | None 
   """PartitionSpec for an array whose dimensions have these logical names.
 
   With `mesh` and `shape`, mesh axes that do not divide the dimension are dropped, and a
-  mesh axis is used by at most one dimension (the first that asks for it).
+  mesh axis is used by at most one dimension (the first that asks for it). With `mesh`, rule
+  axes the mesh lacks (e.g. 'expert' on a three-axis mesh) are dropped.
   """
   table = dict(rules)
   used: set[str] = set()
@@ -100,7 +117,7 @@ def logical_to_spec(axes: Sequence[str | None], rules: Rules, mesh: Mesh | None 
       raise ValueError(f'logical axis {name!r} has no rule; rules cover {sorted(table)}.')
     chosen = []
     for mesh_axis in table[name]:
-      if mesh_axis in used:
+      if mesh_axis in used or (mesh is not None and mesh_axis not in mesh.axis_names):
         continue
       if mesh is not None and shape is not None:
         size = mesh.shape[mesh_axis] * math.prod(mesh.shape[a] for a in chosen)

@@ -30,6 +30,8 @@ import numpy as np
 from rlreason.model import dart
 from rlreason.model import kv_cache
 from rlreason.model import layers
+from rlreason.model import moe_config
+from rlreason.model import moe_layer
 from rlreason.model import rollout_head
 from rlreason.model import rope as rope_lib
 
@@ -68,6 +70,9 @@ class ModelConfig:
   # layers.remat_after_cotangent) | 'full_checkpoint' (jax.checkpoint saving nothing) |
   # 'dots' (jax.checkpoint saving matmul outputs only).
   remat: str = 'none'
+  # Mixture-of-Experts (Qwen3-MoE / Qwen2-MoE): the layers moe_config.is_moe_layer picks carry
+  # moe_layer.MoEMLP instead of the dense MLP (whose width stays intermediate_size); None: dense.
+  moe: moe_config.MoEConfig | None = None
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -83,6 +88,11 @@ class ModelConfig:
     for name in ('param_dtype', 'compute_dtype'):
       if getattr(self, name) not in ('float32', 'bfloat16'):
         raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; known: 'float32', 'bfloat16'.")
+    if self.moe is not None:
+      moe_config.check_moe(self.moe, num_layers=self.num_layers)
+      if self.family == 'llama':
+        raise ValueError("ModelConfig.moe: family='llama' has no MoE variant here; use 'qwen2' "
+                         "(Qwen2-MoE) or 'qwen3' (Qwen3-MoE).")
 
   def replace(self, **kw) -> 'ModelConfig':
     return dataclasses.replace(self, **kw)
@@ -99,15 +109,18 @@ class Transformer(nnx.Module):
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
     self.cfg = cfg
     self.embed = layers.param(rngs, (cfg.vocab_size, cfg.hidden_size), ('vocab', 'embed'), cfg.param_dtype)
-    self.layers = nnx.Dict({str(i): layers.Block(cfg, rngs) for i in range(cfg.num_layers)})
+    self.layers = nnx.Dict({str(i): layers.Block(cfg, rngs, make_mlp=_mlp_maker(cfg, i))
+                            for i in range(cfg.num_layers)})
     self.final_norm = layers.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype, rngs)
     if not cfg.tie_embeddings:
       self.lm_head = layers.param(rngs, (cfg.hidden_size, cfg.vocab_size), ('embed', 'vocab'),
                             cfg.param_dtype)
 
   def hidden(self, tokens_NxT, rope, mask_NxT, cache: KVCache | None, dart_in=None,
-             subtree_end_NxT=None):
-    """dart_in: (params carrying DART's adapters, route_NxT), or None."""
+             subtree_end_NxT=None, forced_routes=None):
+    """dart_in: (params carrying DART's adapters, route_NxT), or None; forced_routes: expert
+    ids LxNxTxK to replay, one slice per MoE layer in order, or None. Returns (hidden, keys,
+    values, the MoE layers' moe.Routed in order)."""
     cfg = self.cfg
     x_NxTxD = jnp.take(self.embed[...], tokens_NxT, axis=0).astype(cfg.compute_dtype)
     block_call = lambda block, *args: block(*args)
@@ -120,18 +133,30 @@ class Transformer(nnx.Module):
     if cache is not None:  # The new tokens are valid slots for themselves and later ones.
       cache_mask_NxS = jax.lax.dynamic_update_slice_in_dim(cache.mask_NxS, mask_NxT, cache.end,
                                                            axis=1)
-    new_keys, new_values = [], []
+    new_keys, new_values, routed = [], [], []
     for i in range(cfg.num_layers):
       layer_cache = None if cache is None else (
           cache.keys[i], cache.values[i], cache_mask_NxS, cache.end,
           [(f.keys[i], f.values[i], f.mask_AxS) for f in cache.frozen])
       lr = None if dart_in is None else dart.layer(dart_in[0], dart_in[1], i)
-      x_NxTxD, new_kv = block_call(self.layers[str(i)], x_NxTxD, rope, mask_NxT, layer_cache, lr,
-                                   subtree_end_NxT)
+      forced = None
+      if forced_routes is not None and cfg.moe is not None and moe_config.is_moe_layer(i, cfg.moe):
+        forced = forced_routes[len(routed)]
+      x_NxTxD, new_kv, layer_routed = block_call(self.layers[str(i)], x_NxTxD, rope, mask_NxT,
+                                                 layer_cache, lr, subtree_end_NxT, forced)
       if new_kv is not None:
         new_keys.append(new_kv[0])
         new_values.append(new_kv[1])
-    return self.final_norm(x_NxTxD), tuple(new_keys), tuple(new_values)
+      if layer_routed is not None:
+        routed.append(layer_routed)
+    return self.final_norm(x_NxTxD), tuple(new_keys), tuple(new_values), tuple(routed)
+
+
+def _mlp_maker(cfg: ModelConfig, layer: int):
+  """Layer `layer`'s MLP class: MoE where the config's MoE rule says so, else the dense one."""
+  if cfg.moe is not None and moe_config.is_moe_layer(layer, cfg.moe):
+    return moe_layer.MoEMLP
+  return layers.MLP
 
 
 # ----------------------------------------------------------------------------- functional API
@@ -183,7 +208,7 @@ def default_positions(mask_NxT, cache: KVCache | None = None):
 
 def apply(params: Params, tokens_NxT, *, cfg: ModelConfig, mask_NxT=None, positions_NxT=None,
           cache: KVCache | None = None, return_hidden: bool = False, rope_table=None,
-          route_NxT=None, subtree_end_NxT=None):
+          route_NxT=None, subtree_end_NxT=None, forced_routes=None, return_routing: bool = False):
   """Runs the transformer on T new tokens per row.
 
   Args:
@@ -203,9 +228,14 @@ def apply(params: Params, tokens_NxT, *, cfg: ModelConfig, mask_NxT=None, positi
       tokens when None without one.
     subtree_end_NxT: with no cache, None (causal) or int: key s is seen by queries s..end[s]
       only (a trie packed in preorder, rollout/trie.py; give its depths as positions_NxT).
+    forced_routes: with cfg.moe, expert ids LxNxTxK (L = the MoE layers, in order) to replay
+      instead of routing (router replay: the gate weights still come from the live router
+      at those ids, moe.route); a token whose ids hold a -1 is routed live. None: route.
+    return_routing: also return the MoE layers' moe_layer.Routing (None for a dense model).
 
   Returns:
-    (logits_NxTxV in fp32, or hidden_NxTxD; the updated cache or None).
+    (logits_NxTxV in fp32, or hidden_NxTxD; the updated cache or None), plus the Routing as
+    a third element when return_routing.
   """
   if mask_NxT is None:
     mask_NxT = jnp.ones(tokens_NxT.shape, bool)
@@ -233,8 +263,11 @@ def apply(params: Params, tokens_NxT, *, cfg: ModelConfig, mask_NxT=None, positi
   if subtree_end_NxT is not None and cache is not None:
     raise ValueError('transformer.apply: subtree_end_NxT (a packed trie) is for the full '
                      'forward; a cached call attends by slots.')
-  h_NxTxD, keys, values = model.hidden(tokens_NxT, rope, mask_NxT, cache, dart_in,
-                                       subtree_end_NxT)
+  if forced_routes is not None and cfg.moe is None:
+    raise ValueError('transformer.apply: forced_routes given but cfg.moe is None (a dense model '
+                     'has no routes to replay).')
+  h_NxTxD, keys, values, routed = model.hidden(tokens_NxT, rope, mask_NxT, cache, dart_in,
+                                               subtree_end_NxT, forced_routes)
   new_cache = None
   if cache is not None:
     t = tokens_NxT.shape[1]
@@ -244,6 +277,8 @@ def apply(params: Params, tokens_NxT, *, cfg: ModelConfig, mask_NxT=None, positi
         end=cache.end + t,
         pos_N=cache.pos_N + mask_NxT.sum(axis=1, dtype=jnp.int32), frozen=cache.frozen)
   out = h_NxTxD if return_hidden else logits_from_hidden(params, h_NxTxD, cfg=cfg)
+  if return_routing:
+    return out, new_cache, moe_layer.routing_of(routed)
   return out, new_cache
 
 

@@ -30,12 +30,18 @@ import ml_dtypes
 import numpy as np
 
 from rlreason.model import gguf_file
+from rlreason.model import moe_config
 from rlreason.model import safetensors_io
 from rlreason.model import sharding as sharding_lib
 from rlreason.model import transformer
 
-_ARCHS = {'LlamaForCausalLM': 'llama', 'Qwen2ForCausalLM': 'qwen2', 'Qwen3ForCausalLM': 'qwen3'}
-_FAMILY_ARCH = {family: arch for arch, family in _ARCHS.items()}
+_ARCHS = {'LlamaForCausalLM': 'llama', 'Qwen2ForCausalLM': 'qwen2', 'Qwen3ForCausalLM': 'qwen3',
+          # MoE: the attention of their dense family, cfg.moe set.
+          'Qwen2MoeForCausalLM': 'qwen2', 'Qwen3MoeForCausalLM': 'qwen3'}
+_MODEL_TYPES = {'LlamaForCausalLM': 'llama', 'Qwen2ForCausalLM': 'qwen2',
+                'Qwen3ForCausalLM': 'qwen3', 'Qwen2MoeForCausalLM': 'qwen2_moe',
+                'Qwen3MoeForCausalLM': 'qwen3_moe'}
+_TYPE_ARCH = {model_type: arch for arch, model_type in _MODEL_TYPES.items()}
 _ROPE_TYPES = ('default', 'llama3')
 # Re-exported: callers catch weights.CheckpointError.
 CheckpointError = safetensors_io.CheckpointError
@@ -49,16 +55,22 @@ def config_from_hf(hf_config: dict[str, Any], *, param_dtype: str = 'float32',
   """ModelConfig from the contents of a HF config.json (transformers 4 or 5 style)."""
   c = hf_config
   archs = c.get('architectures') or []
-  arch = archs[0] if len(archs) == 1 else _FAMILY_ARCH.get(c.get('model_type'))
+  arch = archs[0] if len(archs) == 1 else _TYPE_ARCH.get(c.get('model_type'))
   if not isinstance(arch, str) or arch not in _ARCHS:
     raise CheckpointError(f'config.json: architectures={archs!r} (model_type='
                           f'{c.get("model_type")!r}) is not supported; supported: {sorted(_ARCHS)}.')
-  family = _ARCHS[arch]
-  if c.get('model_type') is not None and c['model_type'] != family:
+  family, model_type = _ARCHS[arch], _MODEL_TYPES[arch]
+  if c.get('model_type') is not None and c['model_type'] != model_type:
     # transformers builds the class named by architectures; a model_type that disagrees
     # means a hand-edited or mixed-up config, whose other fields may be for either.
     raise CheckpointError(f'config.json: model_type={c["model_type"]!r} does not match '
-                          f'architectures={archs!r} (which means model_type={family!r}).')
+                          f'architectures={archs!r} (which means model_type={model_type!r}).')
+  moe = None
+  if model_type.endswith('_moe'):
+    try:
+      moe = moe_config.moe_config_from_hf({**c, 'model_type': model_type})
+    except ValueError as e:
+      raise CheckpointError(f'config.json: {e}') from e
   _check_unsupported(c, family)
 
   rope = c.get('rope_parameters') or c.get('rope_scaling') or {}
@@ -87,7 +99,9 @@ def config_from_hf(hf_config: dict[str, Any], *, param_dtype: str = 'float32',
       head_dim=c.get('head_dim') or c['hidden_size'] // heads,
       rms_norm_eps=c.get('rms_norm_eps', 1e-6),
       rope_theta=float(rope.get('rope_theta', c.get('rope_theta', 10_000.0))),
-      rope_scaling=scaling, qkv_bias=family == 'qwen2', qk_norm=family == 'qwen3',
+      # Qwen2-MoE's config has qkv_bias (default True); dense Qwen2 always has the biases.
+      rope_scaling=scaling, qkv_bias=family == 'qwen2' and bool(c.get('qkv_bias', True)),
+      qk_norm=family == 'qwen3', moe=moe,
       tie_embeddings=bool(c.get('tie_word_embeddings', False)), max_position_embeddings=max_pos,
       family=family, param_dtype=param_dtype, compute_dtype=compute_dtype, remat=remat)
 
@@ -119,6 +133,13 @@ def config_to_hf(cfg: transformer.ModelConfig, *, dtype: str | None = None) -> d
   if cfg.family == 'llama' and cfg.qkv_bias:
     raise CheckpointError('export: HF Llama cannot hold a qkv bias without an o_proj bias; '
                           "use family='qwen2'.")
+  if cfg.moe is not None and cfg.family == 'qwen3' and cfg.moe.shared_expert_intermediate_size:
+    raise CheckpointError('export: Qwen3-MoE has no shared expert; got moe.'
+                          f'shared_expert_intermediate_size={cfg.moe.shared_expert_intermediate_size}.')
+  if cfg.moe is not None and cfg.family == 'qwen2' and not cfg.moe.shared_expert_intermediate_size:
+    raise CheckpointError('export: HF Qwen2-MoE always has a shared expert; got moe.'
+                          'shared_expert_intermediate_size=0.')
+  arch = next(a for a, f in _ARCHS.items() if f == cfg.family and ('Moe' in a) == (cfg.moe is not None))
   dtype = dtype or cfg.param_dtype
   rope = {'rope_type': 'default', 'rope_theta': cfg.rope_theta}
   if cfg.rope_scaling is not None:
@@ -127,7 +148,7 @@ def config_to_hf(cfg: transformer.ModelConfig, *, dtype: str | None = None) -> d
                 high_freq_factor=s.high_freq_factor,
                 original_max_position_embeddings=s.original_max_position_embeddings)
   out = {
-      'architectures': [_FAMILY_ARCH[cfg.family]], 'model_type': cfg.family,
+      'architectures': [arch], 'model_type': _MODEL_TYPES[arch],
       'vocab_size': cfg.vocab_size, 'hidden_size': cfg.hidden_size,
       'intermediate_size': cfg.intermediate_size, 'num_hidden_layers': cfg.num_layers,
       'num_attention_heads': cfg.num_heads, 'num_key_value_heads': cfg.num_kv_heads,
@@ -147,6 +168,15 @@ def config_to_hf(cfg: transformer.ModelConfig, *, dtype: str | None = None) -> d
     out['mlp_bias'] = False
   else:
     out['use_sliding_window'] = False
+  if cfg.moe is not None:
+    m = cfg.moe
+    out.update(num_experts=m.num_experts, num_experts_per_tok=m.num_experts_per_tok,
+               moe_intermediate_size=m.moe_intermediate_size, norm_topk_prob=m.norm_topk_prob,
+               decoder_sparse_step=m.decoder_sparse_step, mlp_only_layers=list(m.mlp_only_layers),
+               router_aux_loss_coef=m.router_aux_loss_coef)
+    if cfg.family == 'qwen2':
+      out.update(qkv_bias=cfg.qkv_bias,
+                 shared_expert_intermediate_size=m.shared_expert_intermediate_size)
   return out
 
 
@@ -157,7 +187,9 @@ def _tensor_map(cfg: transformer.ModelConfig) -> dict[str, tuple[tuple[str, ...]
   """HF name -> (our params path, HF shape, whether our layout is the HF one transposed).
 
   A transposed tensor is a torch Linear weight [out, in]; ours is x.T reshaped to
-  split heads ([D, H, Dh] for q/k/v, [H, Dh, D] for o), so the reshape is a view.
+  split heads ([D, H, Dh] for q/k/v, [H, Dh, D] for o), so the reshape is a view. A path
+  ending in an int e names slice e of a stacked leaf (an MoE layer's expert e, stored by HF
+  as one tensor per expert; moe_config.py has the names).
   """
   d, f, v, dh = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
   m = {'model.embed_tokens.weight': (('embed',), (v, d), False),
@@ -176,9 +208,31 @@ def _tensor_map(cfg: transformer.ModelConfig) -> dict[str, tuple[tuple[str, ...]
     if cfg.qk_norm:
       for n in ('q', 'k'):
         m[f'{p}self_attn.{n}_norm.weight'] = (ours + ('attn', f'{n}_norm', 'scale'), (dh,), False)
+    if cfg.moe is not None and moe_config.is_moe_layer(i, cfg.moe):
+      m.update(_moe_tensor_map(cfg.moe, d, p + 'mlp.', ours + ('mlp',)))
+      continue
     for n, shape in (('gate', (f, d)), ('up', (f, d)), ('down', (d, f))):
       m[f'{p}mlp.{n}_proj.weight'] = (ours + ('mlp', n), shape, True)
   return m
+
+
+def _moe_tensor_map(moe: moe_config.MoEConfig, d: int, prefix: str, ours: tuple):
+  """One MoE layer's entries of _tensor_map (the names of moe_config.moe_params_to_hf)."""
+  e, i, s = moe.num_experts, moe.moe_intermediate_size, moe.shared_expert_intermediate_size
+  m = {prefix + 'gate.weight': (ours + ('router',), (e, d), True)}
+  for n, shape in (('gate', (i, d)), ('up', (i, d)), ('down', (d, i))):
+    for x in range(e):
+      m[f'{prefix}experts.{x}.{n}_proj.weight'] = (ours + (n, x), shape, True)
+  if s:
+    for n, shape in (('gate', (s, d)), ('up', (s, d)), ('down', (d, s))):
+      m[f'{prefix}shared_expert.{n}_proj.weight'] = (ours + ('shared', n), shape, True)
+    m[prefix + 'shared_expert_gate.weight'] = (ours + ('shared_expert_gate',), (1, d), False)
+  return m
+
+
+def _leaf_path(ours: tuple) -> tuple[tuple, int | None]:
+  """(the params path of the leaf, the expert slice or None) of a _tensor_map path."""
+  return (ours[:-1], ours[-1]) if isinstance(ours[-1], int) else (ours, None)
 
 
 def tree_get(tree, path):
@@ -269,12 +323,21 @@ def load(path, *, shardings=None, mesh=None, rules=None, param_dtype: str = 'flo
   _check_entries(entries, tmap, cfg, str(path))
   targets = _target_shardings(cfg, shardings, mesh, rules)
   abstract = transformer.abstract_params(cfg)
-  params = {}
+  params, stacks = {}, {}  # stacks: an MoE leaf's host buffer and how many experts it holds.
   for name, (ours, _, transpose) in tmap.items():
     x = read(name)
+    ours, expert = _leaf_path(ours)
     leaf = tree_get(abstract, ours)
+    shape = leaf.shape if expert is None else leaf.shape[1:]
     # A view (transposes only permute strides); astype makes the one converted copy.
-    x = (x.T if transpose else x).reshape(leaf.shape).astype(leaf.dtype, order='C')
+    x = (x.T if transpose else x).reshape(shape).astype(leaf.dtype, order='C')
+    if expert is not None:  # Experts fill one host buffer; it is placed once all are in.
+      buf, filled = stacks.get(ours) or (np.empty(leaf.shape, leaf.dtype), 0)
+      buf[expert] = x
+      stacks[ours] = (buf, filled + 1)
+      if filled + 1 < leaf.shape[0]:
+        continue
+      x = stacks.pop(ours)[0]
     target = targets if targets is None or isinstance(targets, jax.sharding.Sharding) else tree_get(
         targets, ours)
     # Wait for the copy so the host buffer is free before the next tensor is read.
@@ -306,7 +369,8 @@ def save(path, cfg: transformer.ModelConfig, params: transformer.Params, *, dtyp
   hf_config = config_to_hf(cfg, dtype=dtype)
   tmap = _tensor_map(cfg)
   _check_params(params, tmap, cfg)
-  if cfg.family == 'qwen2' and not cfg.qkv_bias:  # HF Qwen2 always has q/k/v biases: write zeros.
+  if cfg.family == 'qwen2' and not cfg.qkv_bias and cfg.moe is None:  # HF Qwen2 always has
+    # q/k/v biases: write zeros (Qwen2-MoE's config says qkv_bias=False instead).
     for i in range(cfg.num_layers):
       for n, heads in (('q', cfg.num_heads), ('k', cfg.num_kv_heads), ('v', cfg.num_kv_heads)):
         tmap[f'model.layers.{i}.self_attn.{n}_proj.bias'] = (None, (heads * cfg.head_dim,), False)
@@ -339,7 +403,7 @@ def save(path, cfg: transformer.ModelConfig, params: transformer.Params, *, dtyp
 
 def _check_params(params, tmap, cfg):
   problems, abstract = [], transformer.abstract_params(cfg)
-  for ours, _, _ in tmap.values():
+  for ours in dict.fromkeys(_leaf_path(o)[0] for o, _, _ in tmap.values()):
     want = tree_get(abstract, ours).shape
     try:
       got = tuple(tree_get(params, ours).shape)
@@ -364,12 +428,19 @@ def _write_file(file: pathlib.Path, names, tmap, params, np_dtype: np.dtype):
   with open(file, 'wb') as fh:
     fh.write(len(raw).to_bytes(8, 'little'))
     fh.write(raw)
+    stacked = (None, None)  # The last MoE leaf gathered, so its experts are fetched once.
     for name in names:
       ours, shape, transpose = tmap[name]
       if ours is None:
         x = np.zeros(shape, np_dtype)
       else:
-        x = np.asarray(jax.device_get(tree_get(params, ours)))  # Gathers one tensor to host.
+        ours, expert = _leaf_path(ours)
+        if expert is None:
+          x = np.asarray(jax.device_get(tree_get(params, ours)))  # Gathers one tensor to host.
+        else:
+          if stacked[0] != ours:
+            stacked = (ours, np.asarray(jax.device_get(tree_get(params, ours))))
+          x = stacked[1][expert]
         x = (x.reshape(shape[::-1]).T if transpose else x.reshape(shape))
         x = x.astype(np_dtype, order='C')
       fh.write(x.reshape(-1).view(np.uint8).data)

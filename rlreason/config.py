@@ -23,6 +23,11 @@ def default() -> ml_collections.ConfigDict:
       arch=dict(vocab_size=0, hidden_size=128, intermediate_size=384, num_layers=2,
                 num_heads=4, num_kv_heads=4, head_dim=32, qkv_bias=False, qk_norm=False,
                 tie_embeddings=False, family='qwen2', rope_theta=10_000.0),
+      # Mixture-of-Experts for a random model (num_experts 0: dense); an HF checkpoint brings
+      # its own (Qwen3-MoE / Qwen2-MoE config.json). Fields and meaning: model/moe_config.py.
+      moe=dict(num_experts=0, num_experts_per_tok=2, moe_intermediate_size=64,
+               norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=(),
+               shared_expert_intermediate_size=0, router_aux_loss_coef=0.001),
       param_dtype='float32', compute_dtype='float32', remat='none'))
 
   # Tokenizer: 'chars' builds a character vocabulary from the task; 'hf' loads `path` (a HF
@@ -286,7 +291,8 @@ def default() -> ml_collections.ConfigDict:
   # With lora.enabled the export is the merged model, and peft_path ('' skips) gets the adapter
   # in PEFT's format (a quantised base is written dequantised beside it, for peft to load).
   c.export = ml_collections.ConfigDict(dict(path='', dtype='', peft_path=''))  # dtype '': model's
-  c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
+  # expert > 1: an MoE model's experts sharded over an 'expert' axis (model/sharding.py).
+  c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1, expert=1))
   # Sampling on the training mesh, or on per-host weight replicas (multihost.sample_mesh).
   c.sample_mesh = ml_collections.ConfigDict(dict(kind='train', tensor=-1))
   c.log_every = 1

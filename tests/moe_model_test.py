@@ -93,3 +93,119 @@ def test_logits_match_transformers(case, ckpts):
                              atol=1e-4, rtol=1e-4)
   sparse = [i for i in range(cfg.num_layers) if moe_config.is_moe_layer(i, cfg.moe)]
   assert routing.expert_ids_LxNxTxK.shape == (len(sparse), 3, 12, extra['num_experts_per_tok'])
+
+
+def test_aux_loss_matches_transformers(ckpts):
+  case = 'qwen3_top2_sparse_all'
+  cfg, params = weights.load(ckpts[case])
+  tokens_NxT = _batch()[0]
+  _, _, routing = _forward(cfg, params, tokens_NxT, None)
+  ours = moe_layer.aux_losses(routing, cfg=cfg.moe)
+  model = transformers.AutoModelForCausalLM.from_pretrained(ckpts[case], dtype=torch.float32)
+  with torch.no_grad():
+    out = model(input_ids=torch.tensor(tokens_NxT), output_router_logits=True)
+  np.testing.assert_allclose(float(ours['load_balancing']), float(out.aux_loss), rtol=1e-5)
+  assert float(ours['z']) > 0
+
+
+@pytest.mark.parametrize('case', ['qwen3_top2_norm_mlp_only', 'qwen2_top2_step2'])
+def test_export_round_trip(case, ckpts, tmp_path):
+  cfg, params = weights.load(ckpts[case])
+  weights.save(tmp_path / 'out', cfg, params)
+  again_cfg, again = weights.load(tmp_path / 'out')
+  assert again_cfg == cfg
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+               params, again)
+  hf_config = json.loads((tmp_path / 'out' / 'config.json').read_text())
+  assert hf_config['architectures'] == [HF_CASES[case][0] + 'ForCausalLM']
+  tokens_NxT, mask_NxT = _batch()
+  np.testing.assert_allclose(_hf_logits(tmp_path / 'out', tokens_NxT, mask_NxT)[mask_NxT],
+                             _hf_logits(ckpts[case], tokens_NxT, mask_NxT)[mask_NxT], atol=1e-6)
+
+
+def test_expert_parallel_mesh_equals_one_device(ckpts):
+  cfg, params = weights.load(ckpts['qwen2_top4_norm'])
+  tokens_NxT, mask_NxT = _batch()
+  tokens_NxT, mask_NxT = np.concatenate([tokens_NxT] * 2)[:4], np.concatenate([mask_NxT] * 2)[:4]
+  want_NxTxV, _, want = _forward(cfg, params, tokens_NxT, mask_NxT)
+  mesh = sharding.make_mesh({'data': 1, 'fsdp': 2, 'tensor': 2, 'expert': 2})
+  assert mesh.shape['expert'] == 2
+  shardings = sharding.param_shardings(cfg, mesh, sharding.TRAIN_RULES)
+  assert shardings['layers']['1']['mlp']['gate'].spec[0] == 'expert'
+  with jax.set_mesh(mesh):
+    placed = jax.device_put(params, shardings)
+    rows = sharding.data_sharding(mesh, tokens_NxT.shape)
+    got_NxTxV, _, got = _forward(cfg, placed, jax.device_put(tokens_NxT, rows),
+                                 jax.device_put(mask_NxT, rows))
+  np.testing.assert_allclose(np.asarray(got_NxTxV), np.asarray(want_NxTxV), atol=1e-5)
+  np.testing.assert_array_equal(np.asarray(got.expert_ids_LxNxTxK),
+                                np.asarray(want.expert_ids_LxNxTxK))
+
+
+def test_forced_routes_reproduce_the_forward_and_survive_a_changed_router(ckpts):
+  cfg, params = weights.load(ckpts['qwen3_top2_norm_mlp_only'])
+  tokens_NxT, mask_NxT = _batch()
+  logits_NxTxV, _, routing = _forward(cfg, params, tokens_NxT, mask_NxT)
+  ids_LxNxTxK = routing.expert_ids_LxNxTxK
+  replayed_NxTxV, _, again = _forward(cfg, params, tokens_NxT, mask_NxT, forced_routes=ids_LxNxTxK)
+  np.testing.assert_array_equal(np.asarray(replayed_NxTxV), np.asarray(logits_NxTxV))
+  np.testing.assert_array_equal(np.asarray(again.expert_ids_LxNxTxK), np.asarray(ids_LxNxTxK))
+  # A perturbed router chooses other experts; replay keeps the recorded ones, except where a
+  # token's ids are -1 (no record: routed live).
+  moved = jax.tree.map(lambda x: x, params)
+  router = moved['layers']['0']['mlp']['router']
+  moved['layers']['0']['mlp']['router'] = router + jax.random.normal(jax.random.key(3),
+                                                                     router.shape)
+  live = _forward(cfg, moved, tokens_NxT, mask_NxT)[2].expert_ids_LxNxTxK
+  assert np.any(np.asarray(live) != np.asarray(ids_LxNxTxK))
+  forced_LxNxTxK = ids_LxNxTxK.at[:, 1, 0].set(-1)
+  kept = _forward(cfg, moved, tokens_NxT, mask_NxT, forced_routes=forced_LxNxTxK)[2]
+  kept_LxNxTxK = np.asarray(kept.expert_ids_LxNxTxK)
+  np.testing.assert_array_equal(np.delete(kept_LxNxTxK.reshape(1, -1, 2), 12, axis=1),
+                                np.delete(np.asarray(ids_LxNxTxK).reshape(1, -1, 2), 12, axis=1))
+  np.testing.assert_array_equal(kept_LxNxTxK[:, 1, 0], np.asarray(live)[:, 1, 0])
+
+
+def test_dense_forward_is_unchanged_and_rejects_routes():
+  cfg = transformer.ModelConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_layers=1,
+                                num_heads=2, num_kv_heads=1, head_dim=8)
+  params = transformer.init_params(cfg, jax.random.key(0))
+  tokens_NxT = jnp.zeros((1, 3), jnp.int32)
+  out = transformer.apply(params, tokens_NxT, cfg=cfg)
+  assert len(out) == 2
+  assert transformer.apply(params, tokens_NxT, cfg=cfg, return_routing=True)[2] is None
+  with pytest.raises(ValueError, match='forced_routes'):
+    transformer.apply(params, tokens_NxT, cfg=cfg, forced_routes=jnp.zeros((1, 1, 3, 2)))
+
+
+def test_config_check_names_the_field():
+  from rlreason import config as config_lib
+  c = config_lib.default()
+  c.model.moe.num_experts, c.model.moe.num_experts_per_tok = 4, 5
+  c.mesh.expert, c.mesh.fsdp = 3, 1
+  with pytest.raises(ValueError) as raised:
+    config_lib.validate(c, num_devices=3)
+  assert 'model.moe.num_experts_per_tok=5 > num_experts=4' in str(raised.value)
+  assert 'mesh.expert=3 does not divide model.moe.num_experts=4' in str(raised.value)
+  c = config_lib.default()
+  c.mesh.expert, c.mesh.fsdp = 2, -1
+  with pytest.raises(ValueError, match='mesh.expert=2 but the model has no experts'):
+    config_lib.validate(c, num_devices=8)
+
+
+def test_one_rl_step_of_an_hf_moe_checkpoint_on_an_expert_mesh(ckpts, tmp_path):
+  from rlreason.rl import train
+  import train_test
+  c = train_test.tiny_config(steps=1)
+  c.model.init, c.model.path = 'hf', str(ckpts['qwen3_top2_sparse_all'])
+  c.sft.steps = c.eval.every = c.checkpoint.every = 0
+  c.rl.prompts_per_step, c.rl.max_new_tokens, c.rl.minibatches = 2, 4, 1
+  reward = tmp_path / 'varied.py'  # Rewards that vary within a group, so the update moves.
+  reward.write_text("def score(item):\n  return float(sum(map(ord, item['completion'])) % 5)\n")
+  c.verifier.name = f'{reward}:score'
+  c.mesh = dict(data=1, fsdp=-1, tensor=1, expert=2)
+  state, _ = train.train(c, str(tmp_path / 'run'))
+  rows = [json.loads(line) for line in (tmp_path / 'run' / 'metrics.jsonl').read_text().splitlines()]
+  assert any(r.get('step') == 1 and np.isfinite(r['loss']) for r in rows)
+  router = np.asarray(state.params['layers']['0']['mlp']['router'])
+  assert not np.array_equal(router, np.asarray(weights.load(c.model.path)[1]['layers']['0']['mlp']['router']))

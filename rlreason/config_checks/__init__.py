@@ -15,6 +15,7 @@ from rlreason.config_checks import adapters
 from rlreason.config_checks import agents
 from rlreason.config_checks import inputs
 from rlreason.config_checks import learned_rewards
+from rlreason.config_checks import moe
 from rlreason.config_checks.lengths import completion_length  # noqa: F401 (re-exported)
 from rlreason.config_checks import monitoring
 from rlreason.config_checks import objective
@@ -149,6 +150,7 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
     adapters.check_r2po(c, check)
   if c.get('reward_model') is not None:
     adapters.check_reward_model(c, check)
+  moe.check_moe_mesh(c, check)
   if c.get('repirl') is not None and c.repirl.enabled:
     learned_rewards.check_repirl(c, check)
   if c.judge.get('rubrics'):

@@ -24,6 +24,7 @@ from rlreason import tasks
 from rlreason.envs import environment as environment_lib
 from rlreason.envs import render
 from rlreason.envs import tasks as env_tasks  # noqa: F401 (registers the tool-use tasks)
+from rlreason.model import moe_config
 from rlreason.model import rollout_head
 from rlreason.model import sharding
 from rlreason.model import tokenizer as tokenizer_lib
@@ -242,8 +243,11 @@ def _params(config, tok):
     return cfg.replace(remat=m.remat), params
   arch = dict(m.arch)
   arch['vocab_size'] = arch['vocab_size'] or tok.vocab_size
+  moe = m.get('moe')
+  moe = (moe_config.MoEConfig(**{**dict(moe), 'mlp_only_layers': tuple(moe.mlp_only_layers)})
+         if moe and moe.num_experts else None)
   cfg = transformer.ModelConfig(**arch, param_dtype=m.param_dtype, compute_dtype=m.compute_dtype,
-                          remat=m.remat)
+                          remat=m.remat, moe=moe)
   return cfg, transformer.init_params(cfg, jax.random.key(config.seed))
 
 

@@ -120,6 +120,16 @@ def default() -> ml_collections.ConfigDict:
   # 40, 80, 100). Evaluation and export use the model's own logits.
   c.r2po = ml_collections.ConfigDict(dict(enabled=False, switch_steps=(40, 80, 100),
                                           init_std=1e-6))
+  # On-policy distillation (methods/distill.py; algorithms.md §26): a frozen `teacher` (HF dir or
+  # GGUF, 'pkg:...' too; its tokenizer, or `tokenizer`'s, must equal the student's) in `dtype`
+  # scores the student's sampled tokens in the learner's step. form 'token_kl': the dense
+  # advantage A_t = -(log pi_s - log pi_t)(y_t), summed over the future with `discount`;
+  # 'full_kl': a loss term, the full-vocabulary divergence (beta 0 forward KL, 1 reverse KL,
+  # between: TRL's generalised JSD). `weight` in [0, 1] mixes: (1 - weight) x the verifier's
+  # advantage, weight x the distillation signal (1: distillation alone).
+  c.distill = ml_collections.ConfigDict(dict(
+      enabled=False, teacher='', tokenizer='', dtype='float32', form='token_kl', weight=1.0,
+      discount=0.0, beta=1.0))
 
   # A learned reward (methods/reward_model.py): with `path` (a directory it wrote), the RL reward is
   # verifier_weight x verifier + weight x RM, RM = sigmoid(score) ('sigmoid': a pointwise model's

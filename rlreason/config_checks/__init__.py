@@ -13,6 +13,7 @@ import ml_collections
 
 from rlreason.config_checks import adapters
 from rlreason.config_checks import agents
+from rlreason.config_checks import distill
 from rlreason.config_checks import inputs
 from rlreason.config_checks import learned_rewards
 from rlreason.config_checks import moe
@@ -150,6 +151,8 @@ def validate(c: ml_collections.ConfigDict, *, num_devices: int) -> None:
     adapters.check_r2po(c, check)
   if c.get('reward_model') is not None:
     adapters.check_reward_model(c, check)
+  if c.get('distill') is not None and c.distill.enabled:
+    distill.check_distill(c, check)
   moe.check_moe_mesh(c, check)
   if c.get('repirl') is not None and c.repirl.enabled:
     learned_rewards.check_repirl(c, check)

@@ -32,7 +32,9 @@ of these (all optional):
 
 A method that changes the learner (R²PO's stages) is a *learner schedule*: its module defines
 `learner_schedule(config) -> object | None`, used before the state is built (see
-run_setup.build and `PlainSchedule`). A method that replaces the loop (rePIRL) defines
+run_setup.build and `PlainSchedule`); a stage's step may carry a per-token term with extra
+arguments (`make_train_step(optimizer, to_model, term)`, update.loss_fn: on-policy
+distillation's teacher, methods/distill.py). A method that replaces the loop (rePIRL) defines
 `replaces_loop(config) -> bool` and `train(config, workdir)`.
 
 Adding a method: its module, one line in `METHODS` (or `register` from your own code), and
@@ -56,6 +58,7 @@ METHODS = {
     'rejection_sampling': 'rlreason.methods.rejection_sampling',
     'diversity': 'rlreason.methods.diversity',
     'r2po': 'rlreason.methods.r2po',
+    'distill': 'rlreason.methods.distill',
     'repirl': 'rlreason.methods.repirl',
     'pot': 'rlreason.methods.pot',
 }

@@ -322,12 +322,14 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
                                            to_model=adapters.to_model(adapter, base, cfg)),
       out_shardings=(state_sh, None), donate_argnums=0)
   train_step = functools.partial(train_step, base=None if adapter is None else adapter.base)
-  # One train step per stage, each with its optimizer and learner (a plain run: train_step).
-  schedule.build_stages(lambda stage_opt, stage_to_model: jax.jit(
-      lambda s, b: update.train_step(s, b, cfg=cfg, objective=objective, optimizer=stage_opt,
-                                     micro_batches=config.rl.micro_batches,
-                                     value_optimizer=value_optimizer,
-                                     to_model=stage_to_model),
+  # One train step per stage, each with its optimizer and learner (a plain run: train_step);
+  # a stage's `term` (update.loss_fn; methods/distill.py) takes the step's extra arguments.
+  schedule.build_stages(lambda stage_opt, stage_to_model, term=None: jax.jit(
+      lambda s, b, *args: update.train_step(s, b, cfg=cfg, objective=objective,
+                                            optimizer=stage_opt,
+                                            micro_batches=config.rl.micro_batches,
+                                            value_optimizer=value_optimizer,
+                                            to_model=stage_to_model, term=term, term_args=args),
       out_shardings=(state_sh, None), donate_argnums=0), make_opt, train_step,
                         rollout_head.detach)
   logprobs = jax.jit(lambda p, t, m, l, trie=None: update.logprobs_step(

@@ -129,11 +129,13 @@ def _completion_hidden(params, tokens_NxT, mask_NxT, *, cfg, completion_len, tri
 
 def completion_stats(params, tokens_NxT, mask_NxT, *, cfg: transformer.ModelConfig,
                      completion_len: int, temperature: float = 1.0, token_chunk: int = 512,
-                     vocab_chunk: int = 8192, value_params=None, trie=None):
+                     vocab_chunk: int = 8192, value_params=None, trie=None,
+                     return_logits_inputs: bool = False):
   """Log-prob, entropy and sum of squared probs of each completion token (NxL), chunked.
 
   With `value_params`, (stats, values_NxL): the critic's V at the state before each completion
-  token, from the same forward (verl reads values[:, P-1:-1] the same way).
+  token, from the same forward (verl reads values[:, P-1:-1] the same way). With
+  `return_logits_inputs`, (that, (h_NxLxE, w_ExV)): the logits are h @ w (a loss term's input).
   """
   h_NxLxD = _completion_hidden(params, tokens_NxT, mask_NxT, cfg=cfg,
                                completion_len=completion_len, trie=trie)
@@ -145,9 +147,9 @@ def completion_stats(params, tokens_NxT, mask_NxT, *, cfg: transformer.ModelConf
   stats = vocab_parallel.token_stats_from_hidden(
       h_NxLxE, w_ExV, tokens_NxT[:, -completion_len:],
       temperature=temperature, token_chunk=token_chunk, vocab_chunk=vocab_chunk)
-  if value_params is None:
-    return stats
-  return stats, transformer.values_from_hidden(value_params, h_NxLxD)
+  out = stats if value_params is None else (
+      stats, transformer.values_from_hidden(value_params, h_NxLxD))
+  return (out, (h_NxLxE, w_ExV)) if return_logits_inputs else out
 
 
 def values_step(params, value_params, tokens_NxT, mask_NxT, *, cfg: transformer.ModelConfig,
@@ -182,7 +184,8 @@ def _policy_loss_kwargs(fn, batch: TrainBatch, objective: Objective) -> dict[str
 
 
 def loss_fn(params, batch: TrainBatch, denominator, *, cfg: transformer.ModelConfig,
-            objective: Objective, value_params=None, policy_denominator=None):
+            objective: Objective, value_params=None, policy_denominator=None, term=None,
+            term_args=()):
   """Aggregated loss (already divided by the global denominator) and its metrics.
 
   A self-normalising policy loss (losses.self_normalising: SORL's reliability weights) is
@@ -199,11 +202,23 @@ def loss_fn(params, batch: TrainBatch, denominator, *, cfg: transformer.ModelCon
   token counts as a zero-loss one (offpolicy.py). The learner-vs-sampler metrics
   (offpolicy/...) are logged with or without a correction.
   With `value_params` (a critic), adds value_coef x the aggregated clipped value loss.
+
+  `term` is a learner schedule's per-token term (methods/distill.py):
+  term(batch, h_NxLxE, w_ExV, *term_args) -> (advantages_NxL or None, loss_NxL or None,
+  metrics), from the student's logit inputs (logits = h @ w) and the step's extra arguments;
+  its advantages replace the batch's before the policy loss, its loss is added to the
+  per-token loss (aggregated with it, logged as `loss_term` and its share `loss_term_share`).
   """
   out = completion_stats(params, batch.tokens_NxT, batch.mask_NxT, cfg=cfg,
                          completion_len=batch.loss_mask_NxL.shape[1],
                          temperature=objective.temperature, value_params=value_params,
-                         trie=batch.trie)
+                         trie=batch.trie, return_logits_inputs=term is not None)
+  term_NxL, term_metrics = None, {}
+  if term is not None:
+    out, logits_inputs = out
+    term_adv_NxL, term_NxL, term_metrics = term(batch, *logits_inputs, *term_args)
+    if term_adv_NxL is not None:
+      batch = batch.replace(advantages_NxL=term_adv_NxL)
   stats, values_NxL = out if value_params is not None else (out, None)
   logprobs_NxL, mask_NxL = stats.logprobs_NxT, batch.loss_mask_NxL
   fn = losses.get_policy_loss(objective.policy_loss)
@@ -224,6 +239,9 @@ def loss_fn(params, batch: TrainBatch, denominator, *, cfg: transformer.ModelCon
     metrics['kl'] = aggregation.masked_mean(kl_NxL, mask_NxL)
   if objective.entropy_coef:
     loss_NxL = loss_NxL - objective.entropy_coef * stats.entropy_NxT
+  metrics.update(term_metrics)
+  if term_NxL is not None:
+    loss_NxL = loss_NxL + term_NxL
   policy_den = denominator
   if losses.self_normalising(objective.policy_loss, objective.loss_kwargs):
     policy_den = policy_denominator
@@ -232,6 +250,12 @@ def loss_fn(params, batch: TrainBatch, denominator, *, cfg: transformer.ModelCon
     metrics['policy_denominator_frac'] = policy_den / jnp.maximum(denominator, 1e-9)
   total = aggregation.aggregate(loss_NxL, weights_NxL, mode=objective.aggregation,
                                 denominator=policy_den)
+  if term_NxL is not None:
+    part = aggregation.aggregate(term_NxL, weights_NxL, mode=objective.aggregation,
+                                 denominator=policy_den)
+    metrics['loss_term'] = part
+    metrics['loss_term_share'] = jnp.abs(part) / jnp.maximum(
+        jnp.abs(total - part) + jnp.abs(part), 1e-9)
   if values_NxL is not None:
     vloss_NxL, value_metrics = losses.value_loss(values_NxL, batch.old_values_NxL,
                                                  batch.returns_NxL, mask_NxL,
@@ -326,13 +350,14 @@ def train_step(state: TrainState, batch: TrainBatch, *, cfg: transformer.ModelCo
                objective: Objective, optimizer: optax.GradientTransformation,
                micro_batches: int = 1,
                value_optimizer: optax.GradientTransformation | None = None,
-               to_model: Callable[[Any], Any] | None = None):
+               to_model: Callable[[Any], Any] | None = None, term=None, term_args=()):
   """One optimizer update on a minibatch: (state, metrics).
 
   With a critic (objective.value_coef > 0 and state.value_params), `value_optimizer` updates
   the value head; the batch must carry old_values_NxL and returns_NxL. `to_model` maps the
   trainable params to the model's (a LoRA adapter merged into its frozen base, rl/adapters.py);
-  the gradient is taken through it, so only the trainable params get updates.
+  the gradient is taken through it, so only the trainable params get updates. `term` and
+  `term_args` as in loss_fn (a learner schedule's: methods/distill.py).
   """
   to_model = to_model or (lambda p: p)
   n = batch.tokens_NxT.shape[0]
@@ -358,10 +383,12 @@ def train_step(state: TrainState, batch: TrainBatch, *, cfg: transformer.ModelCo
   trainable = (state.params, state.value_params if critic else None)
   per_micro = lambda pv, micro: loss_fn(to_model(pv[0]), micro, denominator, cfg=cfg,
                                         objective=objective, value_params=pv[1],
-                                        policy_denominator=policy_den)
+                                        policy_denominator=policy_den, term=term,
+                                        term_args=term_args)
   loss, (grads, value_grads), metrics = accumulate_gradients(per_micro, trainable, batch,
                                                              micro_batches)
-  for part in ('policy_loss', 'value/loss'):  # Parts of the loss: they add over micro-batches.
+  for part in ('policy_loss', 'value/loss', 'loss_term'):  # Parts of the loss: they add over
+    # micro-batches.
     if part in metrics:
       metrics[part] = metrics[part] * micro_batches
   state, step_metrics = _apply_if_finite(state, grads, loss, optimizer, value_grads=value_grads,

@@ -209,3 +209,37 @@ def test_one_rl_step_of_an_hf_moe_checkpoint_on_an_expert_mesh(ckpts, tmp_path):
   assert any(r.get('step') == 1 and np.isfinite(r['loss']) for r in rows)
   router = np.asarray(state.params['layers']['0']['mlp']['router'])
   assert not np.array_equal(router, np.asarray(weights.load(c.model.path)[1]['layers']['0']['mlp']['router']))
+
+
+@pytest.mark.parametrize('remat', ['full'])
+def test_gradients_match_torch(remat, ckpts):
+  case = 'qwen2_top2_step2'
+  cfg, params = weights.load(ckpts[case])
+  cfg = cfg.replace(remat=remat)
+  tokens_NxT, mask_NxT = _batch()
+
+  def loss(p):
+    logits_NxTxV = transformer.apply(p, tokens_NxT, cfg=cfg, mask_NxT=mask_NxT)[0]
+    logp_NxT = jnp.take_along_axis(jax.nn.log_softmax(logits_NxTxV[:, :-1]),
+                                   tokens_NxT[:, 1:, None], axis=-1)[..., 0]
+    return jnp.sum(logp_NxT * mask_NxT[:, 1:])
+
+  grads = jax.jit(jax.grad(loss))(params)['layers']['1']['mlp']
+  model = transformers.AutoModelForCausalLM.from_pretrained(
+      ckpts[case], dtype=torch.float32, attn_implementation='eager')
+  positions_NxT = np.maximum(np.cumsum(mask_NxT, axis=1) - 1, 0)
+  logits = model(input_ids=torch.tensor(tokens_NxT), attention_mask=torch.tensor(mask_NxT),
+                 position_ids=torch.tensor(positions_NxT)).logits
+  logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, torch.tensor(tokens_NxT[:, 1:, None]))
+  (logp[..., 0] * torch.tensor(mask_NxT[:, 1:])).sum().backward()
+  mlp = model.model.layers[1].mlp
+  inter = cfg.moe.moe_intermediate_size
+  gate_up = mlp.experts.gate_up_proj.grad.numpy()
+  want = {'router': mlp.gate.weight.grad.numpy().T,
+          'gate': gate_up[:, :inter].transpose(0, 2, 1), 'up': gate_up[:, inter:].transpose(0, 2, 1),
+          'down': mlp.experts.down_proj.grad.numpy().transpose(0, 2, 1),
+          'shared_expert_gate': mlp.shared_expert_gate.weight.grad.numpy()[0]}
+  for name, want_grad in want.items():
+    got = np.asarray(grads[name])
+    assert np.abs(want_grad).max() > 0, name
+    np.testing.assert_allclose(got, want_grad, atol=1e-4 * np.abs(want_grad).max(), err_msg=name)

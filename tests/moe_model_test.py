@@ -243,3 +243,26 @@ def test_gradients_match_torch(remat, ckpts):
     got = np.asarray(grads[name])
     assert np.abs(want_grad).max() > 0, name
     np.testing.assert_allclose(got, want_grad, atol=1e-4 * np.abs(want_grad).max(), err_msg=name)
+
+
+def test_memory_estimate_counts_experts():
+  from rlreason import config as config_lib
+  from rlreason.rl import memory
+  dense = transformer.ModelConfig(vocab_size=32, hidden_size=8, intermediate_size=16,
+                                  num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4)
+  sparse = dense.replace(moe=moe_config.MoEConfig(num_experts=4, num_experts_per_tok=2,
+                                                  moe_intermediate_size=4))
+  # The MLP: dense gate/up/down 3*8*16 = 384; MoE router 8*4 + experts 4*3*8*4 = 416.
+  assert sparse.num_params() - dense.num_params() == 416 - 384
+  # Per token, fp32: dense 3F*4 = 192; MoE k(2D + 3I)*4 + 2E*4 = 2*(16 + 12)*4 + 32 = 256.
+  assert memory.mlp_residuals(dense) == 192 and memory.mlp_residuals(sparse) == 256
+  mixed = sparse.replace(num_layers=2, moe=sparse.moe.__class__(
+      **{**sparse.moe.__dict__, 'mlp_only_layers': (0,)}))
+  assert memory.mlp_residuals(mixed.replace(intermediate_size=64)) == 3 * 64 * 4
+  c = config_lib.default()
+  c.rl.prompts_per_step, c.rl.group_size, c.rl.max_new_tokens = 1, 2, 4
+  c.data.prompt_buckets = (4,)
+  gap = {k: memory.step_estimate(c, sparse)[k] - memory.step_estimate(c, dense)[k]
+         for k in ('state/params', 'update/layer_working_set')}
+  # 32 more params (fp32); the working set of 2 rows x 8 positions, twice, 64 bytes more each.
+  assert gap == {'state/params': 32 * 4, 'update/layer_working_set': 2 * 16 * 64}

@@ -37,7 +37,8 @@ XLA temp MiB, default / memory-minimising scheduler): 4 layers 'none' 3074 / 281
 layers, 'full': 4906 / 5310 (jax.checkpoint's: 9678 / 7443), estimate with the copy 5302
 (1.08 / 1.00); micro_batches=2, memory-minimising: 6067 (was 11618), estimate 5700 (0.94). Old
 log-probs: XLA's temp is 576 MiB under that scheduler (1761 under the default) against 574
-here. The tiny shapes of the test agree within 0.9-1.3x without it.
+here. The tiny shapes of the test agree within 0.9-1.3x without it. An MoE model's MLP
+activations (mlp_residuals) are counted from the code, not yet checked against XLA.
 
 Deliberately not here: XLA's compile-time memory, the allocator's fragmentation and the
 Python heap (tokenizer, data): measure those, and pass the process's own footprint as
@@ -48,6 +49,7 @@ import numpy as np
 
 from rlreason import config as config_lib
 from rlreason.model import attention
+from rlreason.model import moe_config
 from rlreason.model import transformer
 from rlreason.rollout import continuous
 from rlreason.rollout import sampler
@@ -63,18 +65,38 @@ def _bytes(dtype: str) -> int:
   return np.dtype(dtype).itemsize
 
 
+def mlp_residuals(cfg: transformer.ModelConfig) -> int:
+  """Bytes per token that the widest MLP layer's backward keeps beside its input and norm.
+
+  Dense: gate_up (2F) and silu(gate) * up (F) in compute dtype. An MoE layer (cfg.moe,
+  model/moe.py) [ours]: per routed slot (k of them) the dispatched row in and the expert's
+  output row (2D) and its gate, up and hidden (3I); the shared expert's 3S; the router's fp32
+  logits and probabilities (2E). The experts' weights are in the params (num_params counts
+  all E); on an expert axis of size S the padded all-to-all's buffers hold up to S times the
+  slots (moe.py's docstring), which is not counted here.
+  """
+  c = _bytes(cfg.compute_dtype)
+  dense = c * 3 * cfg.intermediate_size
+  if cfg.moe is None:
+    return dense
+  m = cfg.moe
+  sparse = (c * (m.num_experts_per_tok * (2 * cfg.hidden_size + 3 * m.moe_intermediate_size)
+                 + 3 * m.shared_expert_intermediate_size) + 4 * 2 * m.num_experts)
+  every_layer_sparse = all(moe_config.is_moe_layer(i, m) for i in range(cfg.num_layers))
+  return sparse if every_layer_sparse else max(dense, sparse)
+
+
 def layer_residuals(cfg: transformer.ModelConfig) -> int:
   """Bytes per token that one layer's backward needs without remat.
 
   In compute dtype: the block input x and its norm (2D), the attention's custom-VJP residuals
   q, k, v and out (2 H Dh + 2 K Dh; the o projection reads `out` itself), the MLP's input and
-  norm (2D), gate_up (2F) and silu(gate) * up (F). In fp32: the two norms' rsqrt (2) and the
-  attention's log-sum-exp per head (H).
+  norm (2D), and the MLP's own (mlp_residuals: dense gate_up 2F and silu(gate) * up F). In
+  fp32: the two norms' rsqrt (2) and the attention's log-sum-exp per head (H).
   """
   c = _bytes(cfg.compute_dtype)
-  d, f, h, k, dh = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
-                    cfg.head_dim)
-  return c * (4 * d + 2 * h * dh + 2 * k * dh + 3 * f) + 4 * (2 + h)
+  d, h, k, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  return c * (4 * d + 2 * h * dh + 2 * k * dh) + mlp_residuals(cfg) + 4 * (2 + h)
 
 
 def saved_per_layer(cfg: transformer.ModelConfig) -> int:
@@ -83,16 +105,16 @@ def saved_per_layer(cfg: transformer.ModelConfig) -> int:
   'none': layer_residuals. 'full' and 'full_checkpoint' (nothing_saveable): the block's
   input only (its params are the state's). 'dots'
   (dots_with_no_batch_dims_saveable): the input and the outputs of the weight matmuls (q, k,
-  v, o, gate_up, down); attention's einsums have a batch axis and are recomputed.
+  v, o, gate_up, down); attention's einsums have a batch axis and are recomputed. The MLP's
+  matmul outputs are counted as 2/3 of mlp_residuals (exactly gate_up's 2F when dense).
   """
   c = _bytes(cfg.compute_dtype)
-  d, f, h, k, dh = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
-                    cfg.head_dim)
+  d, h, k, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
   if cfg.remat == 'none':
     return layer_residuals(cfg)
   if cfg.remat in ('full', 'full_checkpoint'):
     return c * d
-  return c * (3 * d + h * dh + 2 * k * dh + 2 * f)
+  return c * (3 * d + h * dh + 2 * k * dh) + 2 * mlp_residuals(cfg) // 3
 
 
 def attention_scores(cfg: transformer.ModelConfig, rows: int, length: int, *,
@@ -112,7 +134,8 @@ def logit_chunk(rows: int, length: int, vocab: int, *, backward: bool) -> int:
 
 def step_estimate(config, cfg: transformer.ModelConfig, *, prompt_len: int | None = None,
                   baseline_bytes: int = 0, keeps_init_params: bool = False,
-                  remat_hoisted: bool = False) -> dict[str, int]:
+                  remat_hoisted: bool = False,
+                  teacher_cfg: transformer.ModelConfig | None = None) -> dict[str, int]:
   """Bytes by part of one RL step on one device (see the module docstring), and 'total'.
 
   Args:
@@ -126,6 +149,11 @@ def step_estimate(config, cfg: transformer.ModelConfig, *, prompt_len: int | Non
       output matrix's transposed copy is counted, and under a jax.checkpoint remat
       ('full_checkpoint', 'dots') every layer holds what it holds without remat (the
       compiler keeps their recomputed activations); remat='full' is not hoisted.
+    teacher_cfg: with config.distill.enabled, the teacher's config (methods/distill.py): its
+      params (frozen: no moments) are resident, and each micro-batch of the update adds its
+      forward (no gradient, counted as the old log-probs' layers and head are) and what the
+      loss keeps of it: the hidden states for 'full_kl' (and the divergence's second logit
+      block beside the student's), the log-probs for 'token_kl'.
   """
   rl = config.rl
   if config.lora.enabled or config.critic.enabled or config.env.enabled:
@@ -153,7 +181,7 @@ def step_estimate(config, cfg: transformer.ModelConfig, *, prompt_len: int | Non
   # Old log-probs: all N rows in one call, no gradient. Two stages, one after the other: the
   # layers (the residual stream in and out, the MLP's gate_up and hidden, one query block's
   # scores) and the head (the completion hidden NxLxD and its logit chunks).
-  layers = (n * t * c * (2 * d + 3 * cfg.intermediate_size)
+  layers = (n * t * (c * 2 * d + mlp_residuals(cfg))
             + attention_scores(cfg, n, t, backward=False))
   # The output matrix re-laid out once for the column blocks (XLA's compiled temp holds a VxD
   # fp32 copy, tied or untied).
@@ -182,6 +210,9 @@ def step_estimate(config, cfg: transformer.ModelConfig, *, prompt_len: int | Non
   est['update/logit_chunks'] = logit_chunk(m, l, v, backward=True)
   if remat_hoisted:  # The VxD output matrix re-laid out for its column blocks, as in logprobs.
     est['update/output_matrix_copy'] = v * d * 4
+  if teacher_cfg is not None and config.get('distill') is not None and config.distill.enabled:
+    est.update(_teacher_parts(teacher_cfg, form=config.distill.form, rows=m, length=t,
+                              completion=l))
   # The minibatch's TrainBatch: tokens and mask (NxT), seven NxL per-token fields.
   est['update/batch'] = rows * (5 * t + 7 * 4 * l)
 
@@ -190,6 +221,24 @@ def step_estimate(config, cfg: transformer.ModelConfig, *, prompt_len: int | Non
   resident = baseline_bytes + sum(x for k, x in est.items() if k.startswith('state/'))
   est['total'] = resident + max(phases.values())
   return est
+
+
+def _teacher_parts(tc: transformer.ModelConfig, *, form: str, rows: int, length: int,
+                   completion: int) -> dict[str, int]:
+  """On-policy distillation's teacher (methods/distill.py): resident params, and per
+  micro-batch of the update its no-gradient forward and what the loss keeps of it."""
+  c, e, v = _bytes(tc.compute_dtype), tc.hidden_size, tc.vocab_size
+  layers = (rows * length * c * (2 * e + 3 * tc.intermediate_size)
+            + attention_scores(tc, rows, length, backward=False))
+  head = rows * completion * e * c + logit_chunk(rows, completion, v, backward=False) + v * e * 4
+  parts = {'state/teacher_params': tc.num_params() * _bytes(tc.param_dtype),
+           'update/teacher_forward': max(layers, head)}
+  if form == 'full_kl':  # Kept for the backward; the teacher's logit block beside the student's.
+    parts['update/teacher_hidden'] = rows * completion * e * c
+    parts['update/teacher_logit_chunks'] = logit_chunk(rows, completion, v, backward=True)
+  else:
+    parts['update/teacher_logprobs'] = rows * completion * 4
+  return parts
 
 
 def phase_totals(est: dict[str, int]) -> dict[str, int]:

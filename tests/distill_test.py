@@ -208,3 +208,19 @@ def test_one_rl_step_per_form_through_the_loop(tmp_path):
       assert max(jax.tree.leaves(moved)) > 0.0, form
   finally:
     run.close()
+
+
+def test_the_teacher_is_in_the_memory_estimate():
+  from rlreason.rl import memory
+  c = tiny_config()
+  c.distill.update(enabled=True, teacher='/teacher', form='full_kl')
+  cfg = transformer.ModelConfig(**{**dict(c.model.arch), 'vocab_size': 16})
+  teacher_cfg = _tiny(hidden=48, layers=2)[0]
+  plain = memory.step_estimate(c, cfg)
+  est = memory.step_estimate(c, cfg, teacher_cfg=teacher_cfg)
+  assert est['state/teacher_params'] == 4 * teacher_cfg.num_params()  # fp32, no moments.
+  assert est['total'] >= plain['total'] + est['state/teacher_params']
+  half = memory.step_estimate(c, cfg, teacher_cfg=teacher_cfg.replace(param_dtype='bfloat16'))
+  assert half['state/teacher_params'] == est['state/teacher_params'] // 2
+  c.distill.enabled = False  # Off: the teacher is not counted.
+  assert memory.step_estimate(c, cfg, teacher_cfg=teacher_cfg) == plain

@@ -266,3 +266,40 @@ def test_memory_estimate_counts_experts():
          for k in ('state/params', 'update/layer_working_set')}
   # 32 more params (fp32); the working set of 2 rows x 8 positions, twice, 64 bytes more each.
   assert gap == {'state/params': 32 * 4, 'update/layer_working_set': 2 * 16 * 64}
+
+
+def test_sampler_records_the_routes_the_full_forward_takes(ckpts):
+  from rlreason.rollout import sampler
+  from rlreason.structs import Prefixes, Prompts
+  cfg, params = weights.load(ckpts['qwen3_top2_norm_mlp_only'])
+  tokens_NxT, mask_NxT = _batch(t=6)
+  prompts = Prompts(jnp.asarray(tokens_NxT), jnp.asarray(mask_NxT))
+  prefixes = Prefixes(jnp.asarray([[5, 6], [7, 0]] * 3), jnp.asarray([[1, 1], [1, 0]] * 3, bool))
+  rollout, routes = sampler.generate(params, prompts, cfg=cfg, group_size=2, max_new_tokens=5,
+                                     rng=jax.random.key(0), stop_tokens=(3,), prefixes=prefixes,
+                                     return_routes=True)
+  assert routes.prompt_MxBxPxK.dtype == jnp.uint8
+  assert routes.completion_MxNxLxK.shape == (1, 6, 7, 2)
+  # The full forward over prompt + completion routes every real token; the sampler recorded
+  # the same experts for each, except the last token of each row (never fed: no route).
+  full_tokens_NxT = jnp.concatenate([jnp.repeat(prompts.tokens_BxP, 2, 0), rollout.tokens_NxL], 1)
+  full_mask_NxT = jnp.concatenate([jnp.repeat(prompts.mask_BxP, 2, 0), rollout.mask_NxL], 1)
+  full = _forward(cfg, params, full_tokens_NxT, full_mask_NxT)[2].expert_ids_LxNxTxK
+  prompt = moe_layer.unpack_routes(routes.prompt_MxBxPxK)
+  completion = moe_layer.unpack_routes(routes.completion_MxNxLxK)
+  np.testing.assert_array_equal(np.repeat(np.asarray(prompt), 2, 1)[:, mask_NxT.repeat(2, 0)],
+                                np.asarray(full[:, :, :6])[:, mask_NxT.repeat(2, 0)])
+  last_N = np.asarray(rollout.lengths_N) - 1
+  fed_NxL = np.asarray(rollout.mask_NxL) & (np.arange(7)[None] != last_N[:, None])
+  assert fed_NxL.sum() > 6
+  np.testing.assert_array_equal(np.asarray(completion)[:, fed_NxL],
+                                np.asarray(full[:, :, 6:])[:, fed_NxL])
+  assert np.all(np.asarray(completion)[:, ~fed_NxL] == -1)
+  # Replaying them reproduces the sampler's log-probs (up to cached-vs-full rounding).
+  forced = jnp.concatenate([jnp.repeat(prompt, 2, 1), completion], 2)
+  logits_NxTxV = _forward(cfg, params, full_tokens_NxT, full_mask_NxT, forced_routes=forced)[0]
+  logp_NxL = jnp.take_along_axis(jax.nn.log_softmax(logits_NxTxV[:, 5:-1]),
+                                 rollout.tokens_NxL[..., None], -1)[..., 0]
+  sampled_NxL = np.asarray(rollout.mask_NxL & ~rollout.prefix_mask_NxL)
+  np.testing.assert_allclose(np.asarray(logp_NxL)[sampled_NxL],
+                             np.asarray(rollout.logprobs_NxL)[sampled_NxL], atol=1e-4)

@@ -37,6 +37,42 @@ class Routing(NamedTuple):
   router_logits_LxNxTxE: jax.Array
 
 
+class SampledRoutes(NamedTuple):
+  """The routes a sampler call recorded (rollout/sampler.py, generate(return_routes=True)).
+
+  M = the MoE layers, in order. Expert ids are packed (`route_dtype`): uint8 when there are
+  fewer than 256 experts, else int16, with NO_ROUTE (255 or -1) where no forward routed the
+  token (prompt padding, completion padding, the last sampled token, which is never fed);
+  `unpack_routes` gives int32 with -1 there, what transformer.apply(forced_routes=) reads
+  (a -1 routes that token live).
+
+  prompt_MxBxPxK: the prompt tokens' ids from the prefill (shared by a prompt's G rows).
+  completion_MxNxLxK: aligned with Rollout.tokens_NxL: prefix tokens' ids from the prefix
+    feed, then each sampled token's from the decode step that fed it.
+  """
+  prompt_MxBxPxK: jax.Array
+  completion_MxNxLxK: jax.Array
+
+
+def route_dtype(num_experts: int):
+  """uint8 below 256 experts (255 marks no route), else int16 (-1 marks it)."""
+  return jnp.uint8 if num_experts < 256 else jnp.int16
+
+
+def pack_routes(ids_MxNxTxK, mask_NxT, *, num_experts: int):
+  """int32 expert ids as route_dtype, NO_ROUTE where mask_NxT is False."""
+  dtype = route_dtype(num_experts)
+  none = jnp.iinfo(dtype).max if dtype == jnp.uint8 else -1
+  return jnp.where(mask_NxT[None, ..., None], ids_MxNxTxK, none).astype(dtype)
+
+
+def unpack_routes(packed):
+  """Packed routes as int32 expert ids, -1 where none was recorded."""
+  if packed.dtype == jnp.uint8:
+    return jnp.where(packed == 255, -1, packed.astype(jnp.int32))
+  return packed.astype(jnp.int32)
+
+
 class SharedExpert(nnx.Module):
   """Qwen2-MoE's always-on expert (a dense SwiGLU of shared_expert_intermediate_size)."""
 

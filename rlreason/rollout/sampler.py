@@ -42,6 +42,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlreason.model import moe_config
+from rlreason.model import moe_layer
 from rlreason.model import sharding
 from rlreason.model import tokenizer
 from rlreason.model import transformer
@@ -160,7 +162,7 @@ def generate(params, prompts: Prompts, *, cfg: transformer.ModelConfig, group_si
              memory_budget_bytes: int | None = None, max_chunks: int = MAX_CHUNKS,
              sample_dtype: str | None = None, row_rng: bool = False,
              max_new_tokens_N=None, context: Context | None = None,
-             return_context: bool = False) -> Rollout | tuple[Rollout, Context]:
+             return_context: bool = False, return_routes: bool = False):
   """Samples G completions for each of B prompts.
 
   Args:
@@ -205,9 +207,15 @@ def generate(params, prompts: Prompts, *, cfg: transformer.ModelConfig, group_si
       rounding, to prompting each row with the kept row's prompt and tokens.
     return_context: also return a Context of the call's rows (one more forward pass feeds the
       last sampled token): (rollout, context).
+    return_routes: an MoE model (cfg.moe) only: also return the expert ids every MoE layer
+      chose for the prompt, prefix and sampled tokens (moe_layer.SampledRoutes, last in the
+      returned tuple), for router replay (transformer.apply's forced_routes).
   """
   _validate(prompts, cfg, group_size, max_new_tokens, temperature, top_k, top_p, stop_tokens,
             prefixes, context)
+  if return_routes and (cfg.moe is None or context is not None):
+    raise ValueError('generate: return_routes needs an MoE model (cfg.moe) and a prompt (not '
+                     f'a context); got cfg.moe={cfg.moe}, context={context is not None}.')
   b, p = ((context.pos_N.shape[0], context.tokens) if context is not None
           else prompts.tokens_BxP.shape)
   if max_new_tokens_N is not None:
@@ -238,7 +246,8 @@ def generate(params, prompts: Prompts, *, cfg: transformer.ModelConfig, group_si
     rng = jax.device_put(rng, jax.sharding.NamedSharding(mesh, jax.P()))
   fn = _generate_fn(cfg, group_size, max_new_tokens, temperature == 0, int(top_k), float(top_p),
                     tuple(int(t) for t in stop_tokens), int(pad_id), cache_dtype, mesh,
-                    int(max_chunks), sample_dtype, bool(row_rng), bool(return_context))
+                    int(max_chunks), sample_dtype, bool(row_rng), bool(return_context),
+                    bool(return_routes))
   extra = {} if context is None else dict(context=context)
   if max_new_tokens_N is None:
     return fn(params, prompts, prefixes, jnp.float32(max(temperature, 1e-6)), rng, **extra)
@@ -262,12 +271,12 @@ def check_row_limits(max_new_tokens_N, rows: int, max_new_tokens: int) -> jax.Ar
 @functools.lru_cache(maxsize=32)
 def _generate_fn(cfg, group_size, max_new_tokens, greedy, top_k, top_p, stop_tokens, pad_id,
                  cache_dtype, mesh, max_chunks, sample_dtype=None, row_rng=False,
-                 return_context=False):
+                 return_context=False, return_routes=False):
   return jax.jit(functools.partial(
       _generate, cfg=cfg, group_size=group_size, max_new_tokens=max_new_tokens, greedy=greedy,
       top_k=top_k, top_p=top_p, stop_tokens=stop_tokens, pad_id=pad_id, cache_dtype=cache_dtype,
       mesh=mesh, max_chunks=max_chunks, sample_dtype=sample_dtype, row_rng=row_rng,
-      return_context=return_context))
+      return_context=return_context, return_routes=return_routes))
 
 
 def decode_chunks(steps: int, max_chunks: int, min_chunk: int = 16) -> list[tuple[int, int]]:
@@ -282,7 +291,8 @@ def decode_chunks(steps: int, max_chunks: int, min_chunk: int = 16) -> list[tupl
 
 def _generate(params, prompts, prefixes, temperature, rng, limit_N=None, context=None, *, cfg,
               group_size, max_new_tokens, greedy, top_k, top_p, stop_tokens, pad_id, cache_dtype,
-              mesh, max_chunks, sample_dtype=None, row_rng=False, return_context=False):
+              mesh, max_chunks, sample_dtype=None, row_rng=False, return_context=False,
+              return_routes=False):
   if sample_dtype is not None:
     # Cast inside the jit, once before prefill and the decode loops (which read the cast
     # copy): the caller's params stay as they are, no bf16 copy outlives the call.
@@ -308,11 +318,14 @@ def _generate(params, prompts, prefixes, temperature, rng, limit_N=None, context
   # Prefill each prompt once. Its cache becomes a frozen segment that its G samples read
   # (prompt-major rows), never copied G times; each row's own tokens go to later segments.
   repeat = lambda x: on_rows(jnp.repeat(x, group_size, axis=0)) if x.ndim else x
+  pack = lambda ids, mask: moe_layer.pack_routes(ids, mask, num_experts=cfg.moe.num_experts)
   if context is None:
     prompt_cache = transformer.init_cache(cfg, b, p, cache_dtype)
-    h_BxPxD, prompt_cache = transformer.apply(params, prompts.tokens_BxP, cfg=cfg,
-                                              mask_NxT=prompts.mask_BxP, cache=prompt_cache,
-                                              return_hidden=True)
+    h_BxPxD, prompt_cache, *routing = transformer.apply(
+        params, prompts.tokens_BxP, cfg=cfg, mask_NxT=prompts.mask_BxP, cache=prompt_cache,
+        return_hidden=True, return_routing=return_routes)
+    if return_routes:
+      prompt_routes = pack(routing[0].expert_ids_LxNxTxK, prompts.mask_BxP)
     logits_BxV = transformer.logits_from_hidden(params, h_BxPxD[:, -1:], cfg=cfg)[:, 0]
     shared, own = (jax.tree.map(on_rows, transformer.freeze(prompt_cache)),), ()
     pos_N = repeat(prompt_cache.pos_N)
@@ -322,6 +335,10 @@ def _generate(params, prompts, prefixes, temperature, rng, limit_N=None, context
     pos_N = repeat(context.pos_N)
     logits_NxV = on_rows(jnp.zeros((n, cfg.vocab_size), jnp.float32))
   tempered = lambda lg: lg / temperature if not greedy else lg
+  if return_routes:  # Completion tokens' routes, NO_ROUTE until a forward routes them.
+    moe_layers = sum(moe_config.is_moe_layer(i, cfg.moe) for i in range(cfg.num_layers))
+    routes_MxNxLxK = pack(jnp.zeros((moe_layers, n, length, cfg.moe.num_experts_per_tok),
+                                    jnp.int32), jnp.zeros((n, length), bool))
 
   tokens_NxL = jnp.full((n, length), pad_id, jnp.int32)
   logp_NxL = jnp.zeros((n, length), jnp.float32)
@@ -334,8 +351,11 @@ def _generate(params, prompts, prefixes, temperature, rng, limit_N=None, context
     q_N = pmask_NxQ.sum(axis=1, dtype=jnp.int32)
     cache = jax.tree.map(on_rows, transformer.init_cache(cfg, n, q, cache_dtype, pos_N=pos_N))
     cache = cache.replace(frozen=shared)
-    h_NxQxD, cache = transformer.apply(params, prefixes.tokens_NxQ, cfg=cfg, mask_NxT=pmask_NxQ,
-                                 cache=cache, return_hidden=True)
+    h_NxQxD, cache, *routing = transformer.apply(
+        params, prefixes.tokens_NxQ, cfg=cfg, mask_NxT=pmask_NxQ, cache=cache, return_hidden=True,
+        return_routing=return_routes)
+    if return_routes:
+      routes_MxNxLxK = routes_MxNxLxK.at[:, :, :q].set(pack(routing[0].expert_ids_LxNxTxK, pmask_NxQ))
     own, pos_N = (transformer.freeze(cache),), cache.pos_N
     # Log-prob of prefix token j comes from the logits before it, one position at a time so
     # the NxQxV logits never exist at once.
@@ -365,6 +385,8 @@ def _generate(params, prompts, prefixes, temperature, rng, limit_N=None, context
   outs = (jnp.full((max_new_tokens, n), pad_id, jnp.int32),
           jnp.zeros((max_new_tokens, n), jnp.float32), jnp.zeros((max_new_tokens, n), jnp.float32))
   outs = tuple(on_rows(x, axis=1) for x in outs)
+  if return_routes:  # Step i's fed token's routes: a 4th buffer, MaxxMxNxK (sample writes 3).
+    outs += (on_rows(jnp.moveaxis(routes_MxNxLxK[:, :, :max_new_tokens], 2, 0), axis=2),)
 
   if row_rng:
     keys_N = on_rows(sampling.row_keys(rng, jnp.arange(n)))
@@ -378,7 +400,7 @@ def _generate(params, prompts, prefixes, temperature, rng, limit_N=None, context
     tok_N = jnp.where(active_N, tok_N, pad_id)
     outs = tuple(jax.lax.dynamic_update_index_in_dim(buf_MxN, x_N, i, 0) for buf_MxN, x_N in
                  zip(outs, (tok_N, jnp.where(active_N, lp_N, 0.0),
-                            jnp.where(active_N, blp_N, 0.0))))
+                            jnp.where(active_N, blp_N, 0.0)))) + outs[3:]  # [3]: routes.
     done_N = done_N | jnp.any(tok_N[:, None] == stop_S, axis=-1)
     if limit_N is not None:  # A row at its own limit finishes (its truncation: see below).
       done_N = done_N | (sampled_N + active_N >= limit_N)
@@ -388,8 +410,12 @@ def _generate(params, prompts, prefixes, temperature, rng, limit_N=None, context
     i, cache, done_N, logits_NxV, sampled_N, outs = state
     tok_N, active_N, done_N, sampled_N, outs = sample(i, logits_NxV, done_N, sampled_N, outs)
     # Finished rows feed a masked token: their cache slot stays invalid, positions frozen.
-    logits, cache = transformer.apply(params, tok_N[:, None], cfg=cfg, mask_NxT=active_N[:, None],
-                                cache=cache, rope_table=rope_table)
+    logits, cache, *routing = transformer.apply(
+        params, tok_N[:, None], cfg=cfg, mask_NxT=active_N[:, None], cache=cache,
+        rope_table=rope_table, return_routing=return_routes)
+    if return_routes:
+      outs = outs[:3] + (jax.lax.dynamic_update_index_in_dim(
+          outs[3], pack(routing[0].expert_ids_LxNxTxK, active_N[:, None])[:, :, 0], i, 0),)
     return i + 1, cache, done_N, on_rows(logits[:, 0]), sampled_N, outs
 
   # Forward passes 0 .. max_new_tokens - 2 (the last token needs none), one while_loop per
@@ -421,8 +447,13 @@ def _generate(params, prompts, prefixes, temperature, rng, limit_N=None, context
     kept = Context(segments=shared + (transformer.freeze(cache, after=own[0] if own else None),),
                    pos_N=cache.pos_N, tokens=size)
 
+  if return_routes:
+    decoded_MxNxMaxxK = jnp.moveaxis(outs[3], 0, 2)
+    outs = outs[:3]
   if prefixes is None:
     tokens_NxL, logp_NxL, blogp_NxL = (x.T for x in outs)
+    if return_routes:
+      routes_MxNxLxK = decoded_MxNxMaxxK
   else:  # Sampled token j of row n goes to column q_N[n] + j, after the row's prefix.
     j_NxL = jnp.arange(length)[None, :] - q_N[:, None]
     from_sample_NxL = (j_NxL >= 0) & (j_NxL < max_new_tokens)
@@ -430,6 +461,10 @@ def _generate(params, prompts, prefixes, temperature, rng, limit_N=None, context
     tokens_NxL, logp_NxL, blogp_NxL = (
         jnp.where(from_sample_NxL, pick(x_MxN), base_NxL)
         for x_MxN, base_NxL in zip(outs, (tokens_NxL, logp_NxL, blogp_NxL)))
+    if return_routes:
+      picked = jnp.take_along_axis(
+          decoded_MxNxMaxxK, jnp.clip(j_NxL, 0, max_new_tokens - 1)[None, :, :, None], axis=2)
+      routes_MxNxLxK = jnp.where(from_sample_NxL[None, :, :, None], picked, routes_MxNxLxK)
 
   # Prefix tokens, then sampled tokens up to and including the stop token.
   mask_NxL = jnp.arange(length) < (q_N + sampled_N)[:, None]
@@ -442,7 +477,9 @@ def _generate(params, prompts, prefixes, temperature, rng, limit_N=None, context
       prefix_mask_NxL=prefix_mask_NxL, logprobs_NxL=jnp.where(mask_NxL, logp_NxL, 0.0),
       behaviour_logprobs_NxL=jnp.where(mask_NxL, blogp_NxL, 0.0), truncated_N=truncated_N,
       lengths_N=mask_NxL.sum(axis=1, dtype=jnp.int32), group_size=group_size)
-  return rollout if kept is None else (rollout, kept)
+  extras = (() if kept is None else (kept,)) + (
+      (moe_layer.SampledRoutes(prompt_routes, routes_MxNxLxK),) if return_routes else ())
+  return (rollout, *extras) if extras else rollout
 
 
 def _keep_decoding(state, *, stop: int, early_exit: bool, check_every: int) -> jax.Array:

@@ -75,12 +75,12 @@ def _spelling(tok, i):
 
 
 def load_teacher(d, *, mesh, student_tok, student_cfg):
-  """(teacher ModelConfig, params on `mesh` under the training rules), after the tokenizer
-  and vocabulary checks. `d` is config.distill."""
+  """(teacher ModelConfig, params on `mesh` under the training rules, or on the default
+  device without one), after the tokenizer and vocabulary checks. `d` is config.distill."""
   where = d.tokenizer or d.teacher
   check_tokenizers(student_tok, tokenizer_lib.load(where), where=where)
-  cfg, params = weights.load(d.teacher, mesh=mesh, rules=sharding.TRAIN_RULES,
-                             param_dtype=d.dtype, compute_dtype=d.dtype)
+  placement = {} if mesh is None else dict(mesh=mesh, rules=sharding.TRAIN_RULES)
+  cfg, params = weights.load(d.teacher, param_dtype=d.dtype, compute_dtype=d.dtype, **placement)
   if cfg.vocab_size < student_cfg.vocab_size or (
       d.form == 'full_kl' and cfg.vocab_size != student_cfg.vocab_size):
     need = 'equal' if d.form == 'full_kl' else 'at least'

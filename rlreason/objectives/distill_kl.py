@@ -30,7 +30,8 @@ forward KL: p_s − p_t; reverse KL: g = log p_s − log p_t (S = the KL itself)
 JSD_β: g = (1 − β)(log p_s − log m).
 
 Deliberately not here: the teacher's forward and the mixing with the verifier's advantage
-(methods/distill.py).
+(methods/distill.py); a vocabulary-parallel form (token_stats.py has vocab_parallel.py): with
+the output matrices sharded over 'tensor', XLA gathers each column block instead.
 """
 
 import functools

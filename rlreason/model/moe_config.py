@@ -5,7 +5,7 @@
 for that model_type); `is_moe_layer` is transformers' rule for which decoder layers carry an
 MoE block; `check_moe` rejects bad configs naming the field. `moe_params_from_hf` and
 `moe_params_to_hf` convert one layer's MoE weights between HF tensors and this package's
-stacked layout (moe.py):
+stacked layout (moe.py), and `tensor_map` lists them for weights.py's streaming load/save:
 
   router [D, E]            <- mlp.gate.weight [E, D]
   gate, up [E, D, I]       <- mlp.experts.{e}.{gate,up}_proj.weight [I, D]  (safetensors on disk)
@@ -150,3 +150,20 @@ def moe_params_to_hf(params: Mapping, prefix: str) -> dict[str, np.ndarray]:
       out[prefix + f'shared_expert.{name}_proj.weight'] = np.asarray(params['shared'][name]).T
     out[prefix + 'shared_expert_gate.weight'] = np.asarray(params['shared_expert_gate'])[None]
   return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def tensor_map(cfg: MoEConfig, *, hidden_size: int, prefix: str, ours: tuple) -> dict:
+  """One MoE layer's HF safetensors names -> (params path, HF shape, transposed), the form of
+  weights.py's tensor map; `prefix` e.g. 'model.layers.3.mlp.', `ours` the layer's MLP path.
+  A path ending in an int e is expert e's slice of the stacked leaf."""
+  d, e, i = hidden_size, cfg.num_experts, cfg.moe_intermediate_size
+  s = cfg.shared_expert_intermediate_size
+  m = {prefix + 'gate.weight': (ours + ('router',), (e, d), True)}
+  for n, shape in (('gate', (i, d)), ('up', (i, d)), ('down', (d, i))):
+    for x in range(e):
+      m[f'{prefix}experts.{x}.{n}_proj.weight'] = (ours + (n, x), shape, True)
+  if s:
+    for n, shape in (('gate', (s, d)), ('up', (s, d)), ('down', (d, s))):
+      m[f'{prefix}shared_expert.{n}_proj.weight'] = (ours + ('shared', n), shape, True)
+    m[prefix + 'shared_expert_gate.weight'] = (ours + ('shared_expert_gate',), (1, d), False)
+  return m

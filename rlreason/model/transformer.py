@@ -7,7 +7,9 @@ Written with flax.nnx, seen from outside as pure functions over a params pytree
   logits_NxTxV, cache = apply(params, tokens_NxT, cfg=cfg, mask_NxT=m, cache=cache)
 
 What the families differ in is a config field each: qkv bias (Qwen2), q/k RMSNorm
-(Qwen3), Llama 3 RoPE scaling, tied or untied embeddings, GQA head counts. Every
+(Qwen3), Llama 3 RoPE scaling, tied or untied embeddings, GQA head counts, and Mixture-of-
+Experts MLPs in the layers `moe_config.is_moe_layer` picks (cfg.moe: Qwen2-MoE, Qwen3-MoE;
+moe_layer.py), whose routes `apply` can return and replay. Every
 parameter carries logical axis names (`param_axes`), which sharding.py maps to a
 mesh; this module never names a mesh axis.
 

@@ -10,7 +10,10 @@ reading the next, so host memory holds one tensor (in two layouts at most) at a
 time. Everything that can be checked from the file headers (names, shapes,
 dtypes) is checked first, and all problems are reported in one CheckpointError.
 `save` gathers and writes one tensor at a time too, into a directory that
-`transformers.AutoModelForCausalLM.from_pretrained` loads.
+`transformers.AutoModelForCausalLM.from_pretrained` loads. Llama, Qwen2, Qwen3 and their MoE
+variants Qwen2MoeForCausalLM / Qwen3MoeForCausalLM (one safetensors tensor per expert, as
+save_pretrained writes them; stacked into [E, ...] leaves on load, so an MoE leaf's experts
+are on the host together once).
 
 Safetensors files are parsed by model/safetensors_io.py (no `safe_open(framework='numpy')`:
 it has no bfloat16).
@@ -209,24 +212,11 @@ def _tensor_map(cfg: transformer.ModelConfig) -> dict[str, tuple[tuple[str, ...]
       for n in ('q', 'k'):
         m[f'{p}self_attn.{n}_norm.weight'] = (ours + ('attn', f'{n}_norm', 'scale'), (dh,), False)
     if cfg.moe is not None and moe_config.is_moe_layer(i, cfg.moe):
-      m.update(_moe_tensor_map(cfg.moe, d, p + 'mlp.', ours + ('mlp',)))
+      m.update(moe_config.tensor_map(cfg.moe, hidden_size=d, prefix=p + 'mlp.',
+                                     ours=ours + ('mlp',)))
       continue
     for n, shape in (('gate', (f, d)), ('up', (f, d)), ('down', (d, f))):
       m[f'{p}mlp.{n}_proj.weight'] = (ours + ('mlp', n), shape, True)
-  return m
-
-
-def _moe_tensor_map(moe: moe_config.MoEConfig, d: int, prefix: str, ours: tuple):
-  """One MoE layer's entries of _tensor_map (the names of moe_config.moe_params_to_hf)."""
-  e, i, s = moe.num_experts, moe.moe_intermediate_size, moe.shared_expert_intermediate_size
-  m = {prefix + 'gate.weight': (ours + ('router',), (e, d), True)}
-  for n, shape in (('gate', (i, d)), ('up', (i, d)), ('down', (d, i))):
-    for x in range(e):
-      m[f'{prefix}experts.{x}.{n}_proj.weight'] = (ours + (n, x), shape, True)
-  if s:
-    for n, shape in (('gate', (s, d)), ('up', (s, d)), ('down', (d, s))):
-      m[f'{prefix}shared_expert.{n}_proj.weight'] = (ours + ('shared', n), shape, True)
-    m[prefix + 'shared_expert_gate.weight'] = (ours + ('shared_expert_gate',), (1, d), False)
   return m
 
 

@@ -14,10 +14,14 @@ DTYPES = ('float32', 'bfloat16')
 
 def check_distill(c, check) -> None:
   """distill.* when distill.enabled."""
+  from rlreason.config_checks import inputs
   from rlreason.objectives import losses
   d = c.distill
   check(bool(d.teacher), 'distill.teacher is empty: an HF directory or a .gguf file '
                          "('pkg:<package>/<file>.gguf' too).")
+  for field in ('teacher', 'tokenizer'):  # tokenizer '': the teacher's own.
+    if inputs._local(d[field]):  # pylint: disable=protected-access
+      check(inputs._exists(d[field]), f'distill.{field}={d[field]!r} does not exist.')  # pylint: disable=protected-access
   check(d.form in FORMS, f'distill.form={d.form!r}; known: {list(FORMS)}.')
   check(d.dtype in DTYPES, f'distill.dtype={d.dtype!r}; known: {list(DTYPES)}.')
   for name in ('weight', 'discount', 'beta'):

@@ -205,10 +205,12 @@ def test_one_rl_step_of_an_hf_moe_checkpoint_on_an_expert_mesh(ckpts, tmp_path):
   c.verifier.name = f'{reward}:score'
   c.mesh = dict(data=1, fsdp=-1, tensor=1, expert=2)
   state, _ = train.train(c, str(tmp_path / 'run'))
-  rows = [json.loads(line) for line in (tmp_path / 'run' / 'metrics.jsonl').read_text().splitlines()]
+  lines = (tmp_path / 'run' / 'metrics.jsonl').read_text().splitlines()
+  rows = [json.loads(line) for line in lines]
   assert any(r.get('step') == 1 and np.isfinite(r['loss']) for r in rows)
   router = np.asarray(state.params['layers']['0']['mlp']['router'])
-  assert not np.array_equal(router, np.asarray(weights.load(c.model.path)[1]['layers']['0']['mlp']['router']))
+  loaded = weights.load(c.model.path)[1]['layers']['0']['mlp']['router']
+  assert not np.array_equal(router, np.asarray(loaded))
 
 
 @pytest.mark.parametrize('remat', ['full'])
@@ -236,7 +238,8 @@ def test_gradients_match_torch(remat, ckpts):
   inter = cfg.moe.moe_intermediate_size
   gate_up = mlp.experts.gate_up_proj.grad.numpy()
   want = {'router': mlp.gate.weight.grad.numpy().T,
-          'gate': gate_up[:, :inter].transpose(0, 2, 1), 'up': gate_up[:, inter:].transpose(0, 2, 1),
+          'gate': gate_up[:, :inter].transpose(0, 2, 1),
+          'up': gate_up[:, inter:].transpose(0, 2, 1),
           'down': mlp.experts.down_proj.grad.numpy().transpose(0, 2, 1),
           'shared_expert_gate': mlp.shared_expert_gate.weight.grad.numpy()[0]}
   for name, want_grad in want.items():

@@ -66,7 +66,8 @@ def mesh_shape(sizes: Mapping[str, int] | Sequence[int], num_devices: int) -> tu
     axes = MESH_AXES + ((EXPERT_AXIS,) if sizes.get(EXPERT_AXIS, 1) != 1 else ())
     unknown = set(sizes) - set(MESH_AXES + (EXPERT_AXIS,))
     if unknown:
-      raise ValueError(f'mesh: unknown axes {sorted(unknown)}; known: {MESH_AXES + (EXPERT_AXIS,)}.')
+      raise ValueError(f'mesh: unknown axes {sorted(unknown)}; '
+                       f'known: {MESH_AXES + (EXPERT_AXIS,)}.')
     sizes = [sizes.get(a, 1) for a in axes]
   sizes = list(sizes)
   if len(sizes) == len(MESH_AXES) + 1:

@@ -355,7 +355,8 @@ def _generate(params, prompts, prefixes, temperature, rng, limit_N=None, context
         params, prefixes.tokens_NxQ, cfg=cfg, mask_NxT=pmask_NxQ, cache=cache, return_hidden=True,
         return_routing=return_routes)
     if return_routes:
-      routes_MxNxLxK = routes_MxNxLxK.at[:, :, :q].set(pack(routing[0].expert_ids_LxNxTxK, pmask_NxQ))
+      prefix_routes = pack(routing[0].expert_ids_LxNxTxK, pmask_NxQ)
+      routes_MxNxLxK = routes_MxNxLxK.at[:, :, :q].set(prefix_routes)
     own, pos_N = (transformer.freeze(cache),), cache.pos_N
     # Log-prob of prefix token j comes from the logits before it, one position at a time so
     # the NxQxV logits never exist at once.

@@ -187,6 +187,10 @@ def test_config_check_names_the_field():
     config_lib.validate(c, num_devices=3)
   assert 'model.moe.num_experts_per_tok=5 > num_experts=4' in str(raised.value)
   assert 'mesh.expert=3 does not divide model.moe.num_experts=4' in str(raised.value)
+  assert 'lora.enabled' not in str(raised.value)
+  c.lora.enabled = True
+  with pytest.raises(ValueError, match='lora.enabled with an MoE model'):
+    config_lib.validate(c, num_devices=3)
   c = config_lib.default()
   c.mesh.expert, c.mesh.fsdp = 2, -1
   with pytest.raises(ValueError, match='mesh.expert=2 but the model has no experts'):

@@ -4,8 +4,8 @@ The MoE fields come from model.moe (a random model, model.init='random') or from
 checkpoint's config.json (model.init='hf'; its model_type 'qwen3_moe' or 'qwen2_moe').
 Refused, naming the field: top-k above the expert count (model.moe.num_experts_per_tok, or
 the checkpoint's num_experts_per_tok), an `expert` mesh axis that does not divide the
-experts (mesh.expert), an expert axis > 1 for a dense model, and the rest of
-moe_config.check_moe. rlreason.config_checks.validate calls `check_moe_mesh`.
+experts (mesh.expert), an expert axis > 1 for a dense model, LoRA (lora.enabled: model/lora.py
+knows 2-D weights only), and the rest of moe_config.check_moe. rlreason.config_checks.validate calls `check_moe_mesh`.
 """
 
 import json
@@ -47,6 +47,8 @@ def check_moe_mesh(c, check) -> None:
     check(expert_axis == 1, f'mesh.expert={expert_axis} but the model has no experts (dense); '
                             'use mesh.expert=1.')
     return
+  check(not c.lora.enabled, 'lora.enabled with an MoE model: LoRA (and DART) adapt the dense '
+                            "layers' 2-D weights; the stacked expert weights are not supported.")
   check(moe.num_experts_per_tok <= moe.num_experts,
         f'{where}num_experts_per_tok={moe.num_experts_per_tok} > num_experts='
         f'{moe.num_experts}: top-k cannot exceed the experts.')

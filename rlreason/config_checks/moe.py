@@ -38,7 +38,7 @@ def check_moe_mesh(c, check) -> None:
     except ValueError as e:
       check(False, f'model.path: {e}')
       return
-  elif c.model.moe.num_experts:
+  elif c.model.get('moe') is not None and c.model.moe.num_experts:
     moe = moe_config.MoEConfig(**{**dict(c.model.moe),
                                   'mlp_only_layers': tuple(c.model.moe.mlp_only_layers)})
   else:
@@ -47,8 +47,9 @@ def check_moe_mesh(c, check) -> None:
     check(expert_axis == 1, f'mesh.expert={expert_axis} but the model has no experts (dense); '
                             'use mesh.expert=1.')
     return
-  check(not c.lora.enabled, 'lora.enabled with an MoE model: LoRA (and DART) adapt the dense '
-                            "layers' 2-D weights; the stacked expert weights are not supported.")
+  check(not (c.get('lora') is not None and c.lora.enabled),
+        "lora.enabled with an MoE model: LoRA (and DART) adapt the dense layers' 2-D weights; "
+        'the stacked expert weights are not supported.')
   check(moe.num_experts_per_tok <= moe.num_experts,
         f'{where}num_experts_per_tok={moe.num_experts_per_tok} > num_experts='
         f'{moe.num_experts}: top-k cannot exceed the experts.')

@@ -192,6 +192,9 @@ def test_config_check_names_the_field():
   c.lora.enabled = True
   with pytest.raises(ValueError, match='lora.enabled with an MoE model'):
     config_lib.validate(c, num_devices=3)
+  c.lora.enabled, c.sample_mesh.kind = False, 'host'
+  with pytest.raises(ValueError, match="mesh.expert=3 with sample_mesh.kind='host'"):
+    config_lib.validate(c, num_devices=3)
   c = config_lib.default()
   c.mesh.expert, c.mesh.fsdp = 2, -1
   with pytest.raises(ValueError, match='mesh.expert=2 but the model has no experts'):

@@ -5,7 +5,8 @@ checkpoint's config.json (model.init='hf'; its model_type 'qwen3_moe' or 'qwen2_
 Refused, naming the field: top-k above the expert count (model.moe.num_experts_per_tok, or
 the checkpoint's num_experts_per_tok), an `expert` mesh axis that does not divide the
 experts (mesh.expert), an expert axis > 1 for a dense model, LoRA (lora.enabled: model/lora.py
-knows 2-D weights only), and the rest of moe_config.check_moe. rlreason.config_checks.validate calls `check_moe_mesh`.
+knows 2-D weights only), an expert axis with per-host sampling meshes, and the rest of
+moe_config.check_moe. rlreason.config_checks.validate calls `check_moe_mesh`.
 """
 
 import json
@@ -50,6 +51,10 @@ def check_moe_mesh(c, check) -> None:
   check(not (c.get('lora') is not None and c.lora.enabled),
         "lora.enabled with an MoE model: LoRA (and DART) adapt the dense layers' 2-D weights; "
         'the stacked expert weights are not supported.')
+  kind = (c.get('sample_mesh') or {}).get('kind', 'train')
+  check(expert_axis == 1 or kind == 'train',
+        f"mesh.expert={expert_axis} with sample_mesh.kind={kind!r}: per-host sampling meshes "
+        "(multihost.sample_mesh) have no expert axis; use sample_mesh.kind='train'.")
   check(moe.num_experts_per_tok <= moe.num_experts,
         f'{where}num_experts_per_tok={moe.num_experts_per_tok} > num_experts='
         f'{moe.num_experts}: top-k cannot exceed the experts.')

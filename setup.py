@@ -53,11 +53,18 @@ EXTRAS_REQUIRE = {
         'nbformat==5.11.1',
         # The TPU compiler, for the AOT memory check on abstract TPU devices (launch_test).
         'libtpu==0.0.42.1',
+        # A gs:// workdir end to end on an in-memory GCS server (workdir_paths_test).
+        'gcsfs==2026.10.1',
+        'google-cloud-storage==3.17.1',
+        'gcp-storage-emulator==2026.7.19',
     ],
     # demo_report prints a `tensorboard --logdir` line: the viewer comes with the demo.
     'demo': ['matplotlib==3.11.2', 'tensorboard==2.21.0', 'tensorboard-data-server==0.7.2',
              'grpcio==1.85.3', 'Markdown==3.11.3', 'Werkzeug==3.1.9'],
     'launch': ['xmanager==0.8.5.post1'],
+    # A gs:// workdir (workdir_paths.py): etils.epath's gs:// files go through gcsfs, orbax
+    # lists checkpoint steps through google-cloud-storage (its arrays through TensorStore).
+    'gcs': ['gcsfs==2026.10.1', 'google-cloud-storage==3.17.1'],
     # TPU runtime; on a CPU host libtpu also lets launch/aot_check.py compile for TPU topologies.
     'tpu': ['jax[tpu]==0.10.2', 'libtpu==0.0.42.1'],
     'colab': ['matplotlib==3.11.2', 'nbclient==0.11.0', 'nbformat==5.11.1', 'ipykernel==7.4.0'],

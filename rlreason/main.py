@@ -3,6 +3,8 @@
 Overrides go through ml_collections' config flags (`--config.rl.group_size=16`); a config
 file may take an argument (`--config experiments/grpo_gsm8k.py:runlocal`). The resolved
 config and the git commit are logged and written to the workdir before anything compiles.
+The workdir may be a local path or gs://bucket/run (workdir_paths.py; the 'gcs' extra); a
+missing extra is named at start-up.
 
 Multi-host: every host runs the same command. On Cloud TPU VMs the processes find each other
 by themselves; elsewhere pass `--multihost --coordinator_address=HOST:PORT --num_processes=C
@@ -14,7 +16,6 @@ Deliberately not here: anything that runs per step (train.py).
 
 import logging
 import os
-import pathlib
 import sys
 import traceback
 
@@ -26,6 +27,7 @@ from ml_collections import config_flags
 from rlreason import config as config_lib
 from rlreason import host_malloc
 from rlreason import platforms
+from rlreason import workdir_paths
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints and logs go.')
@@ -68,7 +70,8 @@ def _check_multihost(config, jax) -> None:
                      'not supported in multi-host runs yet.')
 
 
-def run(config, workdir: pathlib.Path) -> dict[str, float]:
+def run(config, workdir) -> dict[str, float]:
+  workdir = workdir_paths.check(workdir)
   import jax
   from rlreason.rl import checkpoint
   from rlreason.rl import train
@@ -83,7 +86,7 @@ def run(config, workdir: pathlib.Path) -> dict[str, float]:
     if jax.process_index() == 0:
       checkpoint.write_run_config(workdir, config.to_dict())
     return reward_model.train(config, workdir)
-  _, metrics = train.train(config, str(workdir))
+  _, metrics = train.train(config, workdir)
   return metrics
 
 
@@ -91,6 +94,7 @@ def main(argv):
   del argv
   # orbax logs every file it writes at INFO; keep the console for the run's own progress.
   absl_logging.set_verbosity(absl_logging.WARNING)
+  workdir = workdir_paths.check(_WORKDIR.value)  # A missing 'gcs' extra: before any compile.
   # JAX_COMPILATION_CACHE_DIR, when set, with whole-entry writes: the sampler process
   # (rl.async_mode='process') and the other hosts of a pod read the same directory.
   from rlreason import compile_cache  # Imports JAX: not before platforms and host_malloc.
@@ -100,7 +104,7 @@ def main(argv):
     sharding.split_cpu_host(_CPU_DEVICES.value)
   watchdog = _start_multihost()
   try:
-    metrics = run(_CONFIG.value, pathlib.Path(_WORKDIR.value))
+    metrics = run(_CONFIG.value, workdir)
     if watchdog is not None:
       from rlreason import multihost
       multihost.barrier('end', timeout_s=_PEER_TIMEOUT.value)

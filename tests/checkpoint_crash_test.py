@@ -130,7 +130,7 @@ def test_files_beside_the_checkpoints_are_written_whole_or_not_at_all(tmp_path, 
   checkpoint.write_text_atomic(path, '{"old": 1}')
   def interrupted(*args):  # The process dies after writing the new text, before the rename.
     raise KeyboardInterrupt
-  monkeypatch.setattr(checkpoint.os, 'replace', interrupted)
+  monkeypatch.setattr(os, 'replace', interrupted)  # workdir_paths.write_atomic's rename.
   with pytest.raises(KeyboardInterrupt):
     checkpoint.write_text_atomic(path, '{"new": 2}')
   assert path.read_text() == '{"old": 1}'

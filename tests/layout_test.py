@@ -18,7 +18,7 @@ PACKAGE = pathlib.Path(rlreason.__file__).parent
 # rl/extensions.py's registry; dynamics/ and main use them; nothing else does.
 ALLOWED = {
     'verifiers': set(),
-    'envs': {'tasks', 'verifiers'},
+    'envs': {'tasks', 'verifiers', 'workdir_paths'},
     'structs': set(),
     'model': {'structs'},
     'objectives': {'model', 'structs'},  # vocab_parallel reads model.sharding's rule tables.
@@ -32,15 +32,17 @@ ALLOWED = {
     # analysis/ (logit lens, patching, perplexity) sits below rl/: rl logs its perplexity split.
     'analysis': {'model', 'objectives', 'structs'},
     'rl': {'analysis', 'compile_cache', 'config', 'envs', 'model', 'multihost', 'objectives',
-           'platforms', 'rollout', 'structs', 'tasks', 'verifiers'},  # evaluate's command line.
+           'platforms', 'rollout', 'structs', 'tasks', 'verifiers',  # evaluate's command line.
+           'workdir_paths'},
     'methods': {'analysis', 'config', 'envs', 'model', 'multihost', 'objectives', 'rl', 'rollout',
-                'structs', 'tasks', 'verifiers'},
+                'structs', 'tasks', 'verifiers', 'workdir_paths'},
     'dynamics': {'model', 'objectives', 'rl', 'structs', 'tasks'},
     'host_malloc': set(),  # Standard library only: runs before anything else is imported.
     'compile_cache': set(),  # JAX only: main, conftest and the sampler process turn it on.
     'platforms': set(),  # Standard library only: main calls it before JAX starts.
+    'workdir_paths': set(),  # etils.epath only: every reader and writer of the workdir.
     'main': {'compile_cache', 'config', 'host_malloc', 'methods', 'model', 'multihost',
-             'platforms', 'rl'},
+             'platforms', 'rl', 'workdir_paths'},
     'episodes': {'envs'},
 }
 

@@ -8,14 +8,17 @@ A record holds the prompt, each turn as the environment saw it (the turn's text,
 observation, its reward, the verifier's status for a final answer), the episode's reward and
 counters, and `segments`: the completion as [text, trained] runs cut where the loss mask
 changes, so the printout marks exactly the tokens that received loss (the sampled ones)
-apart from the observations. Host side: token ids and masks arrive as numpy arrays.
+apart from the observations. Host side: token ids and masks arrive as numpy arrays. The
+workdir may be local or gs:// (workdir_paths.py); a file is written whole or not at all.
 """
 
 import json
-import pathlib
 from typing import Any, Iterable, Sequence
 
+from etils import epath
 import numpy as np
+
+from rlreason import workdir_paths
 
 DIR = 'episodes'
 
@@ -54,31 +57,26 @@ def _plain(entry: dict) -> dict:
           for k, v in entry.items()}
 
 
-def path_for(workdir, step: int, kind: str) -> pathlib.Path:
-  return pathlib.Path(workdir) / DIR / f'{kind}_step{step:06d}.jsonl'
+def path_for(workdir, step: int, kind: str) -> epath.Path:
+  return workdir_paths.as_path(workdir) / DIR / f'{kind}_step{step:06d}.jsonl'
 
 
-def write(path, items: Iterable[dict]) -> pathlib.Path:
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_suffix('.tmp')
-  with tmp.open('w') as f:
-    for item in items:
-      f.write(json.dumps(item, ensure_ascii=False) + '\n')
-  tmp.replace(path)  # A reader never sees half a file.
-  return path
+def write(path, items: Iterable[dict]) -> epath.Path:
+  # A reader never sees half a file (a rename locally, a single put on an object store).
+  return workdir_paths.write_atomic(
+      path, ''.join(json.dumps(item, ensure_ascii=False) + '\n' for item in items))
 
 
 def read(path) -> list[dict]:
-  with pathlib.Path(path).open() as f:
+  with workdir_paths.as_path(path).open() as f:
     return [json.loads(line) for line in f if line.strip()]
 
 
 def available(workdir, kind: str = 'train') -> list[int]:
   """Steps with a transcript file of this kind, ascending."""
-  directory = pathlib.Path(workdir) / DIR
+  directory = workdir_paths.as_path(workdir) / DIR
   steps = []
-  for p in directory.glob(f'{kind}_step*.jsonl'):
+  for p in directory.glob(f'{kind}_step*.jsonl') if directory.exists() else ():
     digits = p.stem[len(kind) + len('_step'):]
     if digits.isdigit():
       steps.append(int(digits))

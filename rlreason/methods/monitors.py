@@ -53,9 +53,11 @@ import collections
 import dataclasses
 import json
 import logging
-import pathlib
 
+from etils import epath
 import numpy as np
+
+from rlreason import workdir_paths
 
 MONITORS = ('audit', 'agreement', 'length', 'template', 'judge')
 STOP_POLICIES = ('', 'warn', 'stop')
@@ -258,10 +260,10 @@ def stop_message(alarms, *, step: int, workdir: str) -> str:
           'to continue training.')
 
 
-def write_stop(workdir, alarms, *, message: str) -> pathlib.Path:
+def write_stop(workdir, alarms, *, message: str) -> epath.Path:
   """workdir/monitor_stop.json: the stop's step, alarms and message."""
-  path = pathlib.Path(workdir) / 'monitor_stop.json'
-  path.write_text(json.dumps({'step': alarms[0].step, 'message': message,
+  path = workdir_paths.as_path(workdir) / 'monitor_stop.json'
+  workdir_paths.write_atomic(path, json.dumps({'step': alarms[0].step, 'message': message,
                               'alarms': [dataclasses.asdict(a) for a in alarms]}, indent=1))
   return path
 

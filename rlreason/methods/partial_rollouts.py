@@ -18,7 +18,6 @@ or, with rl.partial_recompute, prefilled again under the new params).
 """
 
 import logging
-import pathlib
 import time
 
 import jax
@@ -26,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from rlreason import workdir_paths
 from rlreason.rl import checkpoint
 from rlreason.rl import prompt_schedule
 from rlreason.rl import rl_batch
@@ -65,7 +65,7 @@ class PartialRollouts:
                    sample_dtype=rl.sample_dtype or None)
     self.recompute = bool(rl.get('partial_recompute', False))
     self.pool, self.examples = None, []
-    self.checkpointer = checkpoint.Checkpointer(pathlib.Path(workdir) / 'partial_rollouts',
+    self.checkpointer = checkpoint.Checkpointer(workdir_paths.as_path(workdir) / 'partial_rollouts',
                                                 keep=config.checkpoint.keep)
 
   def _replicated(self, x):

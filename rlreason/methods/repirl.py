@@ -31,7 +31,6 @@ tool episodes, multi-host (config_checks and `train` refuse them), the tabular v
 """
 
 import logging
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -105,7 +104,7 @@ def train(config, workdir):
     raise ValueError('repirl.enabled: the rePIRL loop runs on a single host.')
   run = run_setup.build(config, workdir)
   try:
-    return _train(run, config, pathlib.Path(workdir))
+    return _train(run, config, run.workdir)
   finally:
     run.close()
 

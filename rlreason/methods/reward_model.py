@@ -32,6 +32,7 @@ import dataclasses
 import json
 import logging
 import pathlib
+import tempfile
 from typing import Any
 
 import jax
@@ -40,6 +41,7 @@ import numpy as np
 import optax
 from safetensors import numpy as safetensors_np
 
+from rlreason import workdir_paths
 from rlreason.model import transformer
 from rlreason.model import weights
 from rlreason.objectives import reward_losses
@@ -129,8 +131,8 @@ def _batches(items, batch_size: int, rng):
 def train(config, workdir) -> dict[str, float]:
   """Trains a reward model as `config.reward_model.train` says; writes workdir/reward_model."""
   from rlreason.rl import run_setup, sft
-  workdir = pathlib.Path(workdir)
   run = run_setup.build(config, workdir)
+  workdir = run.workdir  # An epath: local or gs:// (workdir_paths.py).
   try:
     return _train(run, config, workdir, sft.teacher_fn(config.sft.teacher,
                                                        config.sft.teacher_options))
@@ -231,7 +233,11 @@ def evaluate(model: RewardModel, run, traces, length: int, *, mode: str,
   return out
 
 
-def save(path, model: RewardModel, *, mode: str, config, vocab_size: int) -> pathlib.Path:
+def save(path, model: RewardModel, *, mode: str, config, vocab_size: int):
+  if not workdir_paths.is_local(path):  # weights.save writes local files: stage, then upload.
+    with tempfile.TemporaryDirectory() as local:
+      save(local, model, mode=mode, config=config, vocab_size=vocab_size)
+      return workdir_paths.upload_tree(local, path)
   path = pathlib.Path(path)
   weights.save(path, model.cfg, model.params)
   safetensors_np.save_file({k: np.asarray(v) for k, v in model.head.items()}, path / HEAD_FILE)

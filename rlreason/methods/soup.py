@@ -24,12 +24,12 @@ Deliberately not here: sampling (rollout/sampler), the loss (objectives/losses).
 """
 
 import logging
-import pathlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlreason import workdir_paths
 from rlreason.methods import mixed_policy
 from rlreason.model import sharding
 from rlreason.rl import checkpoint
@@ -125,7 +125,7 @@ def push_snapshot(run, params, step: int) -> None:
 
 
 def checkpointer(workdir, *, keep: int) -> checkpoint.Checkpointer:
-  return checkpoint.Checkpointer(pathlib.Path(workdir) / 'prefix_policy', keep=max(2, keep + 1))
+  return checkpoint.Checkpointer(workdir_paths.as_path(workdir) / 'prefix_policy', keep=max(2, keep + 1))
 
 
 def refresh(run, params, step: int) -> None:

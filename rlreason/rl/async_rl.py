@@ -40,22 +40,24 @@ with async_mode), multi-host runs.
 """
 
 import dataclasses
+import io
 import json
 import logging
 import multiprocessing
 import os
-import pathlib
 import queue
 import time
 import traceback
 from typing import Any
 
+from etils import epath
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from rlreason import compile_cache
+from rlreason import workdir_paths
 from rlreason.model import sharding
 from rlreason.rl.rl_batch import generate_rollout, tag_versions
 from rlreason.rl.run_setup import encode_prompts
@@ -293,12 +295,13 @@ class AsyncSampler:
     self.sampler.close()
 
 
-def inflight_path(workdir, step: int) -> pathlib.Path:
-  return pathlib.Path(workdir) / 'inflight' / f'{step}.npz'
+def inflight_path(workdir, step: int) -> epath.Path:
+  return workdir_paths.as_path(workdir) / 'inflight' / f'{step}.npz'
 
 
-def write_inflight(path: pathlib.Path, *, max_staleness: int, inflight: dict) -> None:
-  """inflight: {step: (examples, numpy Rollout)}; written atomically (tmp file, rename)."""
+def write_inflight(path, *, max_staleness: int, inflight: dict) -> None:
+  """inflight: {step: (examples, numpy Rollout)}; written whole or not at all (tmp file and
+  rename locally, a single put on an object store: workdir_paths.write_atomic)."""
   arrays, meta = {}, {'max_staleness': max_staleness, 'steps': {}}
   for step, (examples, rollout) in inflight.items():
     fields = {'prompts.tokens_BxP': rollout.prompts.tokens_BxP,
@@ -309,15 +312,14 @@ def write_inflight(path: pathlib.Path, *, max_staleness: int, inflight: dict) ->
     arrays.update({f'{step}/{name}': np.asarray(x) for name, x in fields.items()})
     meta['steps'][str(step)] = {'group_size': rollout.group_size, 'fields': sorted(fields),
                                 'examples': [dataclasses.asdict(e) for e in examples]}
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_suffix('.tmp.npz')
-  np.savez(tmp, __meta__=np.array(json.dumps(meta)), **arrays)
-  os.replace(tmp, path)
+  buffer = io.BytesIO()
+  np.savez(buffer, __meta__=np.array(json.dumps(meta)), **arrays)
+  workdir_paths.write_atomic(path, buffer.getvalue())
 
 
-def read_inflight(path: pathlib.Path) -> tuple[int, dict]:
+def read_inflight(path) -> tuple[int, dict]:
   """(max_staleness, {step: (examples, numpy Rollout)}) from `write_inflight`'s file."""
-  with np.load(path) as z:
+  with workdir_paths.as_path(path).open('rb') as f, np.load(f) as z:
     meta = json.loads(str(z['__meta__']))
     inflight = {}
     for step, m in meta['steps'].items():

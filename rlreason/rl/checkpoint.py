@@ -13,6 +13,8 @@ write and just before the rename; the resume is bit-exact). A disk that fills up
 raises `DiskFullError`, which names the workdir and the intact previous step, after removing
 the partial step. Files the run writes beside its checkpoints (`write_run_config`) go
 through `write_text_atomic`; the in-flight rollouts' file (async_rl.py) renames likewise.
+The workdir may be local or gs:// (workdir_paths.py): orbax takes the epath as is, and on an
+object store a save is final once orbax writes its commit marker, a file a single put.
 
 A SIGTERM (TPU preemption notice) or a Ctrl-C sets a flag that the loop polls after each step:
 it saves and exits cleanly instead of dying mid-write; a second Ctrl-C exits at once. A
@@ -26,30 +28,22 @@ import contextlib
 import errno
 import json
 import logging
-import os
 import pathlib
-import shutil
 import signal
 import subprocess
-import tempfile
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
+from rlreason import workdir_paths
 
-def write_text_atomic(path: str | pathlib.Path, text: str) -> None:
-  """Writes `text` to `path` whole or not at all: a temporary file beside it, then a rename
-  (a process killed meanwhile leaves the previous file, or none)."""
-  path = pathlib.Path(path)
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
-  try:
-    with os.fdopen(fd, 'w') as f:
-      f.write(text)
-    os.replace(tmp, path)
-  except BaseException:
-    pathlib.Path(tmp).unlink(missing_ok=True)
-    raise
+
+def write_text_atomic(path, text: str) -> None:
+  """Writes `text` to `path` whole or not at all: locally a temporary file beside it, then a
+  rename (a process killed meanwhile leaves the previous file, or none); on an object store a
+  single put (workdir_paths.write_atomic)."""
+  workdir_paths.write_atomic(path, text)
 
 
 def git_commit() -> str:
@@ -61,10 +55,10 @@ def git_commit() -> str:
     return 'unknown'
 
 
-def write_run_config(workdir: str | pathlib.Path, config: Mapping[str, Any]) -> None:
+def write_run_config(workdir, config: Mapping[str, Any]) -> None:
   """The workdir's config.json: the config and commit that make its checkpoints. Written after
   a successful restore or a fresh init, so a failed resume never overwrites the record."""
-  write_text_atomic(pathlib.Path(workdir) / 'config.json', json.dumps(
+  write_text_atomic(workdir_paths.as_path(workdir) / 'config.json', json.dumps(
       {'git_commit': git_commit(), 'config': dict(config)}, indent=2, default=str))
 
 
@@ -137,9 +131,10 @@ def config_diff(saved: Mapping[str, Any], requested: Mapping[str, Any], *,
 class Checkpointer:
   """Keep-last-k plus best-by-metric checkpoints of (state, data state, config)."""
 
-  def __init__(self, workdir: str | pathlib.Path, *, keep: int = 3,
+  def __init__(self, workdir, *, keep: int = 3,
                best_metric: str | None = None, best_mode: str = 'max', async_save: bool = False):
-    workdir = pathlib.Path(workdir).absolute()
+    workdir = workdir_paths.as_path(workdir)
+    workdir = workdir.absolute() if workdir_paths.is_local(workdir) else workdir
     options = lambda **kw: ocp.CheckpointManagerOptions(
         create=True, enable_async_checkpointing=async_save, **kw)
     self.latest = ocp.CheckpointManager(workdir / 'checkpoints', options=options(max_to_keep=keep))
@@ -185,8 +180,8 @@ class Checkpointer:
         raise
       managers = [m for m in (self.latest, self.best) if m is not None]
       for manager in managers:  # Orbax's temporaries ('<step>.orbax-checkpoint-tmp-...').
-        for tmp in pathlib.Path(manager.directory).glob('*.orbax-checkpoint-tmp*'):
-          shutil.rmtree(tmp, ignore_errors=True)
+        for tmp in workdir_paths.as_path(manager.directory).glob('*.orbax-checkpoint-tmp*'):
+          tmp.rmtree(missing_ok=True)
       steps = sorted(s for s in self.latest.all_steps(read=True) if s != step)
       previous = (f'the previous checkpoint (step {steps[-1]}) is intact and a restart resumes '
                   'from it' if steps else 'there is no previous checkpoint')

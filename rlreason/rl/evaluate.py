@@ -29,10 +29,10 @@ from collections import Counter
 from collections.abc import Sequence
 import json
 import math
-import pathlib
 
 import numpy as np
 
+from rlreason import workdir_paths
 from rlreason.verifiers import answer_extraction
 
 
@@ -218,7 +218,7 @@ def workdir_config(workdir):
   JSON lists become the tuples the defaults hold."""
   import ml_collections
   from rlreason import config as config_lib
-  path = pathlib.Path(workdir) / 'config.json'
+  path = workdir_paths.check(workdir) / 'config.json'
   if not path.is_file():
     raise FileNotFoundError(f'{path} does not exist: pass --config (the run\'s experiment '
                             'config), or a workdir that a run has started in.')
@@ -246,7 +246,7 @@ def evaluate_checkpoint(config, workdir, *, step: int | None = None, from_best: 
   pot = extensions.module('pot')  # The command line's --pot (methods/pot.py).
   if pot_options is not None:
     pot.check_options(**pot_options)  # Before the (slow) build: bad flags fail at once.
-  workdir = pathlib.Path(workdir)
+  workdir = workdir_paths.check(workdir)
   config_lib.validate(config, num_devices=jax.device_count())
   k = k or config.eval.k
   temperature = config.eval.temperature if temperature is None else temperature
@@ -268,10 +268,9 @@ def evaluate_checkpoint(config, workdir, *, step: int | None = None, from_best: 
             'num_prompts': len(run.eval_examples), 'metrics': metrics}
   if pot_metrics is not None:
     result['pot'] = {**pot_options, 'metrics': pot_metrics}
-  output = pathlib.Path(output or workdir / 'eval' / f'step_{step}.json')
+  output = workdir_paths.as_path(output or workdir / 'eval' / f'step_{step}.json')
   if jax.process_index() == 0:
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(result, indent=2) + '\n')
+    workdir_paths.write_atomic(output, json.dumps(result, indent=2) + '\n')
   print(f'step={step} ' + ' '.join(f'{name}={v:.4f}' for name, v in metrics.items()))
   if pot_metrics is not None:  # Greedy, both on the same prompts: PoT's answer and the base's.
     print(f'pot_pass_at_1={pot_metrics["pot/pass@1"]:.4f}')

@@ -2,7 +2,11 @@
 
 `Writer.write(step, metrics)` takes device or host scalars. The loop hands it step t's
 metrics while step t+1 runs (one step late), so reading them never stalls the device.
-Only process 0 writes; other processes get a writer that does nothing.
+Only process 0 writes; other processes get a writer that does nothing. The workdir may be
+local or gs:// (workdir_paths.py). An object store has no append: there metrics.jsonl is put
+whole at each write, and TensorBoard's event file at each of tensorboardX's flushes (every
+2 minutes and at close), through etils.epath like every other file of the run (tensorboardX's
+own gs:// writer uploads again whenever it is garbage-collected, even after close).
 
 Deliberately not here: computing metrics (losses.py, sampler.py, verifiers do that), plots
 (experiments draw them from the JSONL log).
@@ -10,6 +14,7 @@ Deliberately not here: computing metrics (losses.py, sampler.py, verifiers do th
 
 from collections.abc import Mapping
 import json
+import logging
 import pathlib
 import sys
 import time
@@ -17,6 +22,8 @@ from typing import Any
 
 import jax
 import numpy as np
+
+from rlreason import workdir_paths
 
 
 def to_host(metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -37,12 +44,18 @@ class Writer:
     self._tb = self._jsonl = None
     if not self.active:
       return
-    workdir = pathlib.Path(workdir)
+    workdir = workdir_paths.as_path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     self.jsonl_path = workdir / 'metrics.jsonl'
-    self._jsonl = open(self.jsonl_path, 'a', encoding='utf-8')
-    if tensorboard:
+    self._jsonl = (self.jsonl_path.open('a', encoding='utf-8') if workdir_paths.is_local(workdir)
+                   else _ObjectLog(self.jsonl_path))
+    if tensorboard and workdir_paths.scheme(workdir) not in (None, 'gs'):
+      logging.warning('TensorBoard is off for workdir %s: tensorboardX writes local or gs:// '
+                      'event files only.', workdir)
+    elif tensorboard:
       import tensorboardX  # Writes event files without TensorFlow.
+      from tensorboardX import record_writer
+      record_writer.register_writer_factory('gs', _ObjectEvents())
       self.tensorboard_dir = workdir / 'tensorboard'
       self._tb = tensorboardX.SummaryWriter(str(self.tensorboard_dir))
 
@@ -96,7 +109,41 @@ class Writer:
       self._tb.close()
 
 
+class _ObjectLog:
+  """An appendable file on an object store: the whole object is put again at each flush that
+  follows a write (no append there; metrics.jsonl and event files are small)."""
+
+  def __init__(self, path, *, binary: bool = False):
+    self.path = path
+    self._text = (path.read_bytes() if binary else path.read_text()) if path.exists() else (
+        b'' if binary else '')
+    self._dirty = False
+
+  def write(self, text: str) -> None:
+    self._text += text
+    self._dirty = True
+
+  def flush(self) -> None:
+    if self._dirty:
+      workdir_paths.write_atomic(self.path, self._text)
+      self._dirty = False
+
+  def close(self) -> None:
+    self.flush()
+
+
+class _ObjectEvents:
+  """tensorboardX's writer factory (record_writer.register_writer_factory) for gs:// event
+  files, through etils.epath."""
+
+  def open(self, path):
+    return _ObjectLog(workdir_paths.as_path(path), binary=True)
+
+  def directory_check(self, path):
+    del path  # Object stores have no directories to create.
+
+
 def read_jsonl(path: str | pathlib.Path) -> list[dict[str, float]]:
   """The metrics log as a list of dicts (for plots and tests)."""
-  with open(path, encoding='utf-8') as f:
+  with workdir_paths.as_path(path).open(encoding='utf-8') as f:
     return [json.loads(line) for line in f if line.strip()]

@@ -13,6 +13,7 @@ import logging
 import pathlib
 from typing import Any, Callable
 
+from etils import epath
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -21,6 +22,7 @@ import optax
 from rlreason import config as config_lib
 from rlreason import multihost
 from rlreason import tasks
+from rlreason import workdir_paths
 from rlreason.envs import environment as environment_lib
 from rlreason.envs import render
 from rlreason.envs import tasks as env_tasks  # noqa: F401 (registers the tool-use tasks)
@@ -47,7 +49,7 @@ from rlreason.verifiers import pool as pool_lib
 class Run:
   """The built pieces of a run; see `build`."""
   config: ml_collections.ConfigDict
-  workdir: pathlib.Path
+  workdir: epath.Path  # Local or gs:// (workdir_paths.py).
   cfg: transformer.ModelConfig
   tok: tokenizer_lib.Tokenizer
   pad_id: int
@@ -182,7 +184,7 @@ class Run:
 
 def warm_start_checkpointer(workdir) -> checkpoint.Checkpointer:
   """The step-0 state (after the SFT warm start), outside keep-last-k rotation."""
-  return checkpoint.Checkpointer(pathlib.Path(workdir) / 'warm_start', keep=1)
+  return checkpoint.Checkpointer(workdir_paths.as_path(workdir) / 'warm_start', keep=1)
 
 
 def _tokenizer(config) -> tokenizer_lib.Tokenizer:
@@ -266,6 +268,7 @@ def make_optimizer(*, lr: float, warmup_steps: int, b1: float = 0.9, b2: float =
 
 
 def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run:
+  workdir = workdir_paths.check(workdir)  # A missing 'gcs' extra, before anything loads.
   tok = _tokenizer(config)
   cfg, params = _params(config, tok)
   if tok.vocab_size > cfg.vocab_size:
@@ -339,7 +342,7 @@ def build(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> Run
   pad_id = tok.pad_id if tok.pad_id is not None else 0
   root = jax.random.key(config.seed)
   run = Run(
-      config=config, workdir=pathlib.Path(workdir), cfg=cfg, tok=tok, pad_id=pad_id, mesh=mesh,
+      config=config, workdir=workdir, cfg=cfg, tok=tok, pad_id=pad_id, mesh=mesh,
       state_shardings=state_sh,
       sample_shardings=sample_sh,
       sample_mesh=sample_mesh,

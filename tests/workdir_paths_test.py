@@ -5,7 +5,9 @@ nothing lands locally.
 The fake: gcp-storage-emulator, an in-memory server of GCS's JSON API, in this process. The
 real clients talk to it: gcsfs (etils.epath's gs:// backend) and google-cloud-storage through
 STORAGE_EMULATOR_HOST, TensorStore's GCS driver (orbax's array writes) through
-TENSORSTORE_GCS_HTTP_URL. No code path of the run is replaced.
+TENSORSTORE_GCS_HTTP_URL. No code path of the run is replaced. One fix to the emulator: its
+downloads lack GCS's x-goog-generation header, without which TensorStore's next conditional
+write of that object (an OCDBT manifest) fails on a 'Malformed StorageGeneration'.
 """
 
 import gc
@@ -15,7 +17,9 @@ import socket
 
 from etils import epath
 import fsspec
+from gcp_storage_emulator import exceptions as emulator_errors
 from gcp_storage_emulator import server as emulator
+from gcp_storage_emulator.handlers import objects as emulator_objects
 import pytest
 
 from rlreason import main as main_lib
@@ -36,6 +40,18 @@ def small_config():
   return c
 
 
+def _download_with_generation(download):
+  def wrapped(request, response, storage, *args, **kwargs):
+    download(request, response, storage, *args, **kwargs)
+    try:
+      obj = storage.get_file_obj(request.params['bucket_name'], request.params['object_id'])
+    except emulator_errors.NotFound:
+      return
+    response['x-goog-generation'] = obj['generation']
+    response['x-goog-metageneration'] = obj['metageneration']
+  return wrapped
+
+
 @pytest.fixture(scope='module')
 def bucket():
   """gs://bkt on an in-memory GCS emulator; the environment points every client at it."""
@@ -46,6 +62,8 @@ def bucket():
   server.start()
   url = f'http://localhost:{port}'
   with pytest.MonkeyPatch.context() as env:
+    env.setattr(emulator_objects, 'download',
+                _download_with_generation(emulator_objects.download))
     env.setenv('STORAGE_EMULATOR_HOST', url)  # gcsfs, google-cloud-storage.
     env.setenv('TENSORSTORE_GCS_HTTP_URL', url)  # TensorStore's gcs driver (orbax arrays).
     env.setenv('GOOGLE_AUTH_TOKEN_FOR_TESTING', 'fake')  # TensorStore: no credential lookup.
@@ -97,3 +115,16 @@ def test_rl_steps_resume_and_evaluate_config_in_a_bucket(bucket, monkeypatch, tm
   assert config.rl.steps == 2 and config.env.tools == ('calculator',)
   assert not os.listdir(tmp_path)  # Nothing local: no './gs:/bkt/run'.
 
+
+
+def test_bucket_writes_appends_and_directory_uploads(bucket, tmp_path):
+  log = epath.Path(f'{bucket}/files/log.txt')
+  workdir_paths.write_atomic(log, 'a\n')
+  workdir_paths.append_text(log, 'b\n')  # No append on an object store: rewritten whole.
+  assert log.read_text() == 'a\nb\n'
+  (tmp_path / 'hf' / 'sub').mkdir(parents=True)  # reward_model.save's local HF directory.
+  (tmp_path / 'hf' / 'config.json').write_text('{}')
+  (tmp_path / 'hf' / 'sub' / 'w.bin').write_bytes(b'\x00\x01')
+  dest = workdir_paths.upload_tree(tmp_path / 'hf', f'{bucket}/files/hf')
+  assert (dest / 'config.json').read_text() == '{}'
+  assert (dest / 'sub' / 'w.bin').read_bytes() == b'\x00\x01'

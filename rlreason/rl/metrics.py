@@ -54,8 +54,9 @@ class Writer:
                       'event files only.', workdir)
     elif tensorboard:
       import tensorboardX  # Writes event files without TensorFlow.
-      from tensorboardX import record_writer
-      record_writer.register_writer_factory('gs', _ObjectEvents())
+      if workdir_paths.scheme(workdir) == 'gs':  # Replaces tensorboardX's own gs:// writer.
+        from tensorboardX import record_writer
+        record_writer.register_writer_factory('gs', _ObjectEvents())
       self.tensorboard_dir = workdir / 'tensorboard'
       self._tb = tensorboardX.SummaryWriter(str(self.tensorboard_dir))
 

@@ -40,6 +40,8 @@ EXTRAS_REQUIRE = {
     'test': [
         'pytest==9.2.0',
         'pytest-xdist==3.8.0',
+        # A hang guard in `make test`: a test past 15 min fails with every thread's stack.
+        'pytest-timeout==2.4.0',
         'torch==2.13.0',
         'transformers==5.24.0',
         # Loads the PEFT adapters adapter_export.save_peft writes (adapter_export_test);

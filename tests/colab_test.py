@@ -35,7 +35,8 @@ def test_notebook_executes(path, monkeypatch):
   monkeypatch.setenv('RLREASON_SMOKE', '1')
   monkeypatch.setenv('MPLBACKEND', 'Agg')
   monkeypatch.setenv('JAX_PLATFORMS', 'cpu')
-  monkeypatch.setenv('XLA_FLAGS', '--xla_backend_optimization_level=0')
+  monkeypatch.setenv('XLA_FLAGS', '--xla_backend_optimization_level=0 '
+                     '--xla_cpu_use_fusion_emitters=false')  # as conftest: compiles faster
   # conftest points the suite at it.
   monkeypatch.setenv('JAX_COMPILATION_CACHE_DIR', str(jax.config.jax_compilation_cache_dir))
   monkeypatch.setenv('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS',

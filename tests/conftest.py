@@ -14,6 +14,10 @@ import pathlib
 _FLAGS = os.environ.get('XLA_FLAGS', '')
 if '--xla_backend_optimization_level' not in _FLAGS:
   _FLAGS += ' --xla_backend_optimization_level=0'
+# XLA:CPU's older loop emitter instead of its fusion emitters: the same programs compile faster
+# (three runlocal configs from an empty cache, back to back: 69.8 s -> 41.4-51.6 s).
+if '--xla_cpu_use_fusion_emitters' not in _FLAGS:
+  _FLAGS += ' --xla_cpu_use_fusion_emitters=false'
 os.environ['XLA_FLAGS'] = (_FLAGS + ' --xla_force_host_platform_device_count=8').strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 

@@ -12,6 +12,8 @@ import jax
 import numpy as np
 import pytest
 
+from verifiers_sandbox_escapes_test import children_of
+
 from rlreason import config as config_lib
 from rlreason.rl import checkpoint
 from rlreason.rl import metrics
@@ -197,9 +199,13 @@ def test_config_json_is_written_after_init_and_kept_when_a_resume_fails(tmp_path
   assert written['config']['rl']['steps'] == 1 and written['git_commit']
   other = tiny_config(steps=2)
   other.model.arch.hidden_size = 64
+  before = children_of(os.getpid())
   with pytest.raises(checkpoint.CheckpointMismatchError,
                      match=r'model.arch.hidden_size: 32 -> 64(.|\n)*new --workdir'):
     train.train(other, str(tmp_path))
+  # The failed run stopped its verifier pool (it leaked its workers once, which other tests
+  # in the same xdist worker then counted as strays).
+  assert not children_of(os.getpid()) - before
   assert json.loads((tmp_path / 'config.json').read_text()) == written  # The record stays.
   capsys.readouterr()
   train.train(tiny_config(steps=2), str(tmp_path))  # The same model resumes, and says so.

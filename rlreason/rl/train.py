@@ -15,6 +15,7 @@ The loop names no method: a method's rollout source, batch hooks, metrics and le
 schedule come from rl/extensions.py, built once with the run (`run.methods`).
 """
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -191,59 +192,62 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[Any, dict[st
   replacement = extensions.loop_replacement(config)  # rePIRL: its own loop, PRM + policy.
   if replacement is not None:
     return replacement.train(config, workdir)
-  run = build(config, workdir)
-  writer = metrics_lib.Writer(workdir, total_steps=config.rl.steps, every=config.log_every)
-  preempt = checkpoint.PreemptionFlag()
-  # The TrainState takes over the loaded params' buffers: later code reads only their shapes.
-  state, start = run.restore_or_init(release_init_params=True)
-  async_sampler = async_rl.start(run, start)  # None unless rl.async_mode (rl/async_rl.py).
-  if not run.restored:  # A restored step 0 already holds the warm start.
-    with jax.set_mesh(run.mesh):
-      state, sft_metrics = sft_loop(run, state, steps=config.sft.steps, writer=writer)
-    eval_metrics = evaluate_policy(run, run.policy(state.params), run.eval_rng, step=0)
-    writer.write(0, {**sft_metrics, **eval_metrics})
-    logging.info('after SFT warm start: %s', eval_metrics)
-    run.save(0, state, metrics=eval_metrics)
-  eval_metrics, pending = {}, None
-  for step in range(start + 1, config.rl.steps + 1):
-    times, t0, cpu0 = {}, time.perf_counter(), time.process_time()
-    with jax.set_mesh(run.mesh):
-      state, metrics = rl_step(run, state, step, times, async_sampler)
-    if pending is not None:  # Step t-1's device scalars, read while step t ran.
-      summary = writer.write(*pending)
-      writer.progress(pending[0], summary, keys=PROGRESS_KEYS)
-    stop = [a for watch in extensions.hooks(run, 'watch')  # Monitors' alarms that end the run.
-            for a in watch(run, step, metrics, writer)]
-    metrics.update(times)
-    metrics['time/step_s'] = time.perf_counter() - t0
-    metrics['time/step_cpu_s'] = time.process_time() - cpu0  # This process's CPU time.
-    if config.eval.every and (step % config.eval.every == 0 or step == config.rl.steps):
-      with phase(metrics, 'eval'):
-        eval_metrics = evaluate_policy(run, run.policy(state.params), run.eval_rng, step=step)
-      metrics.update(eval_metrics)
-    metrics.update(throughput(metrics))
-    pending = (step, metrics)
-    last = (step == config.rl.steps or bool(stop)
-            or preempt.should_stop(step, run.checkpointer.latest))
-    if last or (config.checkpoint.every and step % config.checkpoint.every == 0):
-      if async_sampler is not None:  # The rollouts in flight, beside the checkpoint.
-        async_sampler.save(step)
-      run.save(step, state, metrics=eval_metrics if 'eval/pass@1' in metrics else None)
-    if stop:  # Saved above: the stopped run loses nothing and resumes from here.
-      for report in extensions.hooks(run, 'report_stop'):
-        report(run, stop, step=step, writer=writer)
-    if last:
-      break
-  if pending is not None:
-    writer.progress(pending[0], writer.write(*pending), keys=PROGRESS_KEYS)
-  if config.export.path:
-    export_policy(run, state.params, config.export.path, dtype=config.export.dtype)
-  elif config.export.peft_path and run.adapter is not None and run.adapter.routing:
-    adapters.export_dart(config, run.cfg, run.adapter, state.params)  # no merged model
-  if async_sampler is not None:
-    async_sampler.close()
-  run.close()
-  writer.close()
-  preempt.restore_handlers()
-  return state, eval_metrics
+  with contextlib.ExitStack() as cleanup:
+    # Whatever raises (a mismatched checkpoint, a crashing reward, Ctrl-C), the run's processes
+    # (verifier pool, sampler), files and signal handlers are closed on the way out.
+    run = build(config, workdir)
+    cleanup.callback(run.close)
+    writer = metrics_lib.Writer(workdir, total_steps=config.rl.steps, every=config.log_every)
+    cleanup.callback(writer.close)
+    preempt = checkpoint.PreemptionFlag()
+    cleanup.callback(preempt.restore_handlers)
+    # The TrainState takes over the loaded params' buffers: later code reads only their shapes.
+    state, start = run.restore_or_init(release_init_params=True)
+    async_sampler = async_rl.start(run, start)  # None unless rl.async_mode (rl/async_rl.py).
+    if async_sampler is not None:
+      cleanup.callback(async_sampler.close)
+    if not run.restored:  # A restored step 0 already holds the warm start.
+      with jax.set_mesh(run.mesh):
+        state, sft_metrics = sft_loop(run, state, steps=config.sft.steps, writer=writer)
+      eval_metrics = evaluate_policy(run, run.policy(state.params), run.eval_rng, step=0)
+      writer.write(0, {**sft_metrics, **eval_metrics})
+      logging.info('after SFT warm start: %s', eval_metrics)
+      run.save(0, state, metrics=eval_metrics)
+    eval_metrics, pending = {}, None
+    for step in range(start + 1, config.rl.steps + 1):
+      times, t0, cpu0 = {}, time.perf_counter(), time.process_time()
+      with jax.set_mesh(run.mesh):
+        state, metrics = rl_step(run, state, step, times, async_sampler)
+      if pending is not None:  # Step t-1's device scalars, read while step t ran.
+        summary = writer.write(*pending)
+        writer.progress(pending[0], summary, keys=PROGRESS_KEYS)
+      stop = [a for watch in extensions.hooks(run, 'watch')  # Monitors' alarms that end the run.
+              for a in watch(run, step, metrics, writer)]
+      metrics.update(times)
+      metrics['time/step_s'] = time.perf_counter() - t0
+      metrics['time/step_cpu_s'] = time.process_time() - cpu0  # This process's CPU time.
+      if config.eval.every and (step % config.eval.every == 0 or step == config.rl.steps):
+        with phase(metrics, 'eval'):
+          eval_metrics = evaluate_policy(run, run.policy(state.params), run.eval_rng, step=step)
+        metrics.update(eval_metrics)
+      metrics.update(throughput(metrics))
+      pending = (step, metrics)
+      last = (step == config.rl.steps or bool(stop)
+              or preempt.should_stop(step, run.checkpointer.latest))
+      if last or (config.checkpoint.every and step % config.checkpoint.every == 0):
+        if async_sampler is not None:  # The rollouts in flight, beside the checkpoint.
+          async_sampler.save(step)
+        run.save(step, state, metrics=eval_metrics if 'eval/pass@1' in metrics else None)
+      if stop:  # Saved above: the stopped run loses nothing and resumes from here.
+        for report in extensions.hooks(run, 'report_stop'):
+          report(run, stop, step=step, writer=writer)
+      if last:
+        break
+    if pending is not None:
+      writer.progress(pending[0], writer.write(*pending), keys=PROGRESS_KEYS)
+    if config.export.path:
+      export_policy(run, state.params, config.export.path, dtype=config.export.dtype)
+    elif config.export.peft_path and run.adapter is not None and run.adapter.routing:
+      adapters.export_dart(config, run.cfg, run.adapter, state.params)  # no merged model
+    return state, eval_metrics
 

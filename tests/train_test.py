@@ -231,6 +231,22 @@ def test_every_experiment_config_runs_a_step_with_runlocal(name, tmp_path):
   assert 0.0 <= eval_metrics['eval/pass@1'] <= 1.0
 
 
+# `python -m experiments.<module>` reading and writing the suite's compilation cache (whole
+# entries, as the test process does): the report compiles what the run just compiled (SFT,
+# sampling, evaluation); from an empty cache it compiled them all again.
+_WITH_THE_SUITES_CACHE = ('from rlreason import compile_cache; compile_cache.enable(); '
+                          'from absl import app; from experiments import {module}; '
+                          'app.run({module}.main)')
+
+
+def _suites_cache_env():
+  return dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(jax.config.jax_compilation_cache_dir),
+              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=str(
+                  jax.config.jax_persistent_cache_min_compile_time_secs),
+              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=str(
+                  jax.config.jax_persistent_cache_min_entry_size_bytes))
+
+
 def test_demo_report_runs_the_baselines_and_plots(tmp_path):
   import subprocess
   import sys
@@ -238,9 +254,10 @@ def test_demo_report_runs_the_baselines_and_plots(tmp_path):
   train.train(c, str(tmp_path))
   root = pathlib.Path(__file__).resolve().parents[1]
   out = subprocess.run(
-      [sys.executable, '-m', 'experiments.demo_report', '--config',
+      [sys.executable, '-c', _WITH_THE_SUITES_CACHE.format(module='demo_report'), '--config',
        str(root / 'experiments' / 'demo.py') + ':runlocal', '--workdir', str(tmp_path)],
-      cwd=root, capture_output=True, text=True, timeout=600, check=True).stdout
+      cwd=root, env=_suites_cache_env(), capture_output=True, text=True, timeout=600,
+      check=True).stdout
   values = dict(line.split('=', 1) for line in out.splitlines() if '=' in line and ' ' not in line)
   for key in ('initial_accuracy', 'final_accuracy', 'sft_only_accuracy', 'rft_accuracy'):
     assert 0.0 <= float(values[key]) <= 1.0, key
@@ -255,9 +272,10 @@ def test_demo_tools_report_runs_the_baseline_and_plots(tmp_path):
   train.train(c, str(tmp_path))
   root = pathlib.Path(__file__).resolve().parents[1]
   out = subprocess.run(
-      [sys.executable, '-m', 'experiments.demo_tools_report', '--config',
+      [sys.executable, '-c', _WITH_THE_SUITES_CACHE.format(module='demo_tools_report'), '--config',
        str(root / 'experiments' / 'demo_tools.py') + ':runlocal', '--workdir', str(tmp_path)],
-      cwd=root, capture_output=True, text=True, timeout=600, check=True).stdout
+      cwd=root, env=_suites_cache_env(), capture_output=True, text=True, timeout=600,
+      check=True).stdout
   values = dict(line.split('=', 1) for line in out.splitlines() if '=' in line and ' ' not in line)
   for key in ('initial_accuracy', 'final_accuracy', 'sft_only_accuracy', 'initial_tool_call_rate',
               'final_tool_call_rate', 'sft_only_tool_call_rate'):

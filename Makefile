@@ -52,7 +52,7 @@ demo-tools: $(VENV)/.installed
 	  --workdir $(WORKDIR)
 
 test: $(VENV)/.installed-test system-deps
-	$(PY) -m pytest tests -q -n 2 --dist loadfile --timeout=900 --timeout-method=thread
+	$(PY) -m pytest tests -q -n 2 --dist loadfile --no-loadscope-reorder --timeout=900 --timeout-method=thread
 
 bench: $(VENV)/.installed-test
 	$(PY) -m experiments.bench.forward

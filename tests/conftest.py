@@ -47,3 +47,25 @@ def _close_the_shared_answer_pool():
   yield
   from rlreason.envs import answer_scoring
   answer_scoring.close_pool()
+
+
+# The longest files first (seconds in a full run, loaded), so `--dist loadfile` does not end
+# with one worker running a long file alone; the Makefile turns off xdist's own order (by
+# number of tests). Other files keep their collection order after these.
+_LONGEST_FIRST = ('train_test.py',  # 774
+                  'colab_odd_test.py', 'colab_test.py',  # 498, 482
+                  'every_option_test.py', 'model_test.py', 'update_test.py',  # 236, 201, 200
+                  'sampler_test.py', 'train_lora_test.py', 'verifiers_pool_test.py',  # 188-147
+                  'partial_rollouts_test.py', 'train_episodes_test.py', 'episodes_test.py',
+                  'sampler_bf16_test.py', 'moe_test.py', 'checkpoint_crash_test.py')
+
+
+def pytest_collection_modifyitems(items):
+  """Longest files first; RLREASON_TEST_ORDER=reversed reverses the order of the files (tests
+  within a file keep theirs), to check that no test depends on what ran before it."""
+  rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable within a file
+  if os.environ.get('RLREASON_TEST_ORDER') == 'reversed':
+    files = list(dict.fromkeys(item.path for item in items))
+    position = {path: i for i, path in enumerate(reversed(files))}
+    items.sort(key=lambda item: position[item.path])

@@ -98,9 +98,10 @@ def test_observation_tokens_get_no_loss_and_no_gradient(tmp_path):
     assert obs.sum() > 0, 'no observation in the batch (no tool call sampled)'
     adv = jnp.where(batch.loss_mask_NxL, 1.0, 0.0)
     denominator = jnp.float32(loss_mask.sum())
-    grad = lambda a: jax.grad(lambda p: update.loss_fn(
-        p, batch.replace(advantages_NxL=a), denominator, cfg=run.cfg,
-        objective=run.objective)[0])(state.params)
+    # Jitted: one compilation for both gradients (op by op, each primitive compiled apart).
+    grad_fn = jax.jit(lambda params, b: jax.grad(lambda p: update.loss_fn(
+        p, b, denominator, cfg=run.cfg, objective=run.objective)[0])(params))
+    grad = lambda a: grad_fn(state.params, batch.replace(advantages_NxL=a))
     # Advantages on observation tokens (masked out) change nothing.
     chex.assert_trees_all_close(grad(adv), grad(jnp.where(obs, 1e6, adv)))
   finally:

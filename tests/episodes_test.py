@@ -1,6 +1,7 @@
 """Multi-turn episodes: token in/token out, kept cache == full forward, masks, budgets, errors."""
 
 import dataclasses
+import functools
 import string
 
 import jax
@@ -70,11 +71,17 @@ def _run(params, env, examples, **kw):
   return episodes_lib.run_episodes(params, env, RENDERER, TOK, examples, **args)
 
 
-def _full_forward_logprobs(params, ep):
+def _full_forward_logprobs(params, ep, temperature=1.0):
   tokens, mask = sampler.sequences(ep.rollout)
-  logp = jax.nn.log_softmax(transformer.apply(params, tokens, cfg=CFG, mask_NxT=mask)[0], -1)
-  p = ep.rollout.prompts.tokens_BxP.shape[1]
-  return jnp.take_along_axis(logp[:, p - 1:-1], ep.rollout.tokens_NxL[..., None], -1)[..., 0]
+  return _forward_logprobs(params, tokens, mask, ep.rollout.tokens_NxL, temperature,
+                           p=ep.rollout.prompts.tokens_BxP.shape[1])
+
+
+@functools.partial(jax.jit, static_argnames='p')  # One compilation (op by op: one per primitive).
+def _forward_logprobs(params, tokens, mask, sampled_NxL, temperature, *, p):
+  logits = transformer.apply(params, tokens, cfg=CFG, mask_NxT=mask)[0] / temperature
+  logp = jax.nn.log_softmax(logits, -1)
+  return jnp.take_along_axis(logp[:, p - 1:-1], sampled_NxL[..., None], -1)[..., 0]
 
 
 def test_episode_tokens_are_the_hand_built_conversation(params):
@@ -109,13 +116,7 @@ def test_kept_cache_equals_full_forward(params, temperature):
   """Log-probs recorded while decoding with the kept cache equal a fresh forward pass over
   the whole conversation (fp32), on every sampled token of every turn."""
   ep = _run(params, FakeEnv(['7', '89']), _examples(3), temperature=temperature)
-  full = _full_forward_logprobs(params, ep)
-  if temperature != 1.0:
-    tokens, mask = sampler.sequences(ep.rollout)
-    logits = transformer.apply(params, tokens, cfg=CFG, mask_NxT=mask)[0] / temperature
-    p = ep.rollout.prompts.tokens_BxP.shape[1]
-    full = jnp.take_along_axis(jax.nn.log_softmax(logits, -1)[:, p - 1:-1],
-                               ep.rollout.tokens_NxL[..., None], -1)[..., 0]
+  full = _full_forward_logprobs(params, ep, temperature)
   loss = np.asarray(ep.rollout.loss_mask_NxL)
   assert loss.sum() > 20 and (~loss & np.asarray(ep.rollout.mask_NxL)).sum() > 10
   np.testing.assert_allclose(np.asarray(ep.rollout.logprobs_NxL)[loss], np.asarray(full)[loss],

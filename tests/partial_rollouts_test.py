@@ -2,6 +2,7 @@
 when the params do not change), carry their sampling versions across an update, groups stay
 whole; the train loop resumes bit-exactly with rows in flight; config errors name fields."""
 
+import functools
 import os
 
 import chex
@@ -130,11 +131,16 @@ def test_carried_tokens_keep_the_version_that_sampled_them(same, updated):
 
 def _teacher_forced(params, rollout):
   tokens, mask = sampler.sequences(rollout)
+  return np.asarray(_teacher_forced_lp(params, tokens, mask, rollout.tokens_NxL,
+                                       rollout.mask_NxL, p=rollout.prompts.tokens_BxP.shape[1]))
+
+
+@functools.partial(jax.jit, static_argnames='p')  # One compilation (op by op: one per primitive).
+def _teacher_forced_lp(params, tokens, mask, sampled_NxL, mask_NxL, *, p):
   logits = transformer.apply(params, tokens, cfg=CFG, mask_NxT=mask)[0] / 1.2
-  p = rollout.prompts.tokens_BxP.shape[1]
   lp = jnp.take_along_axis(jax.nn.log_softmax(logits[:, p - 1:-1], -1),
-                           rollout.tokens_NxL[..., None], -1)[..., 0]
-  return np.asarray(jnp.where(rollout.mask_NxL, lp, 0.0))
+                           sampled_NxL[..., None], -1)[..., 0]
+  return jnp.where(mask_NxL, lp, 0.0)
 
 
 def test_recompute_continues_carried_rows_under_the_new_params_alone(params, same, updated):

@@ -23,6 +23,12 @@ def _tokens(n, t, seed=1):
   return jax.random.randint(jax.random.key(seed), (n, t), 0, CFG.vocab_size)
 
 
+# Jitted: eager dispatch compiles every primitive of every shape apart (3x the CPU). The
+# eager path is the without_jit variant of test_prefill_then_decode_equals_full_forward.
+_apply = jax.jit(transformer.apply, static_argnames=('cfg',))
+
+
+@jax.jit
 def _forward(params, tokens, mask=None):
   return transformer.apply(params, tokens, cfg=CFG, mask_NxT=mask)[0]
 
@@ -49,9 +55,8 @@ class ModelTest(chex.TestCase):
     params = transformer.init_params(CFG, jax.random.key(0))
     tokens_NxT = _tokens(2, 12)
     cache = transformer.init_cache(CFG, 2, 12)
-    apply = jax.jit(transformer.apply, static_argnames=('cfg',))  # Eager: 3x the CPU.
-    a, cache = apply(params, tokens_NxT[:, :7], cfg=CFG, cache=cache)
-    b, cache = apply(params, tokens_NxT[:, 7:], cfg=CFG, cache=cache)
+    a, cache = _apply(params, tokens_NxT[:, :7], cfg=CFG, cache=cache)
+    b, cache = _apply(params, tokens_NxT[:, 7:], cfg=CFG, cache=cache)
     np.testing.assert_allclose(jnp.concatenate([a, b], 1), _forward(params, tokens_NxT),
                                atol=1e-5, rtol=1e-5)
 
@@ -65,12 +70,12 @@ def test_decode_with_a_rope_table_equals_computed_rope(params):
   outs = {}
   for name, rope_table in (('computed', None), ('table', table)):
     cache = transformer.init_cache(CFG, 2, 12)
-    _, cache = transformer.apply(params, tokens[:, :7], cfg=CFG, mask_NxT=mask, cache=cache,
-                           rope_table=rope_table)
+    _, cache = _apply(params, tokens[:, :7], cfg=CFG, mask_NxT=mask, cache=cache,
+                      rope_table=rope_table)
     steps = []
     for i in (7, 8):
-      logits, cache = transformer.apply(params, tokens[:, i:i + 1], cfg=CFG, cache=cache,
-                                  rope_table=rope_table)
+      logits, cache = _apply(params, tokens[:, i:i + 1], cfg=CFG, cache=cache,
+                             rope_table=rope_table)
       steps.append(logits)
     # Keys of real slots only: a pad slot's key is never attended to.
     outs[name] = (jnp.concatenate(steps, 1), jnp.where(cache.mask_NxS[:, None, None],
@@ -97,10 +102,10 @@ def test_left_padded_prefill_then_decode(params):
   tokens = _tokens(2, 8)
   mask = jnp.array([[False] * 3 + [True] * 5, [True] * 8])
   cache = transformer.init_cache(CFG, 2, 12)
-  _, cache = transformer.apply(params, tokens, cfg=CFG, mask_NxT=mask, cache=cache)
+  _, cache = _apply(params, tokens, cfg=CFG, mask_NxT=mask, cache=cache)
   np.testing.assert_array_equal(cache.pos_N, [5, 8])
   nxt = _tokens(2, 1, seed=7)
-  step_logits, _ = transformer.apply(params, nxt, cfg=CFG, cache=cache)
+  step_logits, _ = _apply(params, nxt, cfg=CFG, cache=cache)
   row0 = jnp.concatenate([tokens[:1, 3:], nxt[:1]], axis=1)
   row1 = jnp.concatenate([tokens[1:], nxt[1:]], axis=1)
   np.testing.assert_allclose(step_logits[0, 0], _forward(params, row0)[0, -1], atol=1e-5,
@@ -143,11 +148,11 @@ def test_bf16_policy(params):
   p16 = transformer.init_params(cfg, jax.random.key(0))
   assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(p16))
   tokens = _tokens(2, 8)
-  logits16 = transformer.apply(p16, tokens, cfg=cfg)[0]
+  logits16 = _apply(p16, tokens, cfg=cfg)[0]
   assert logits16.dtype == jnp.float32  # log-softmax downstream is always fp32.
   # Same weights (bf16-rounded) in fp32 compute: bf16 activations stay close (relative to scale).
   p32 = jax.tree.map(lambda x: x.astype(jnp.float32), p16)
-  logits32 = transformer.apply(p32, tokens, cfg=CFG)[0]
+  logits32 = _apply(p32, tokens, cfg=CFG)[0]
   err = float(jnp.max(jnp.abs(logits16 - logits32)) / jnp.max(jnp.abs(logits32)))
   assert err < 0.05, err
 
@@ -195,8 +200,6 @@ def test_param_axes_match_params():
 
 
 def test_decode_over_a_shared_frozen_prompt_equals_a_repeated_cache(params):
-  # Jitted: eager dispatch compiles every primitive of every cache layout apart (25 s CPU).
-  apply = jax.jit(transformer.apply, static_argnames=('cfg',))
   # The sampler's layout: B prompts prefilled once, read by G rows each through a frozen
   # segment, then each row's own tokens in chunks (one frozen, one being written).
   b, g = 2, 3
@@ -205,30 +208,30 @@ def test_decode_over_a_shared_frozen_prompt_equals_a_repeated_cache(params):
   steps = _tokens(b * g, 5, seed=4)
   # Reference: the prompt cache repeated G times, one cache for everything.
   ref = transformer.init_cache(CFG, b * g, 11)
-  _, ref = apply(params, jnp.repeat(prompts, g, 0), cfg=CFG,
-                 mask_NxT=jnp.repeat(mask, g, 0), cache=ref)
+  _, ref = _apply(params, jnp.repeat(prompts, g, 0), cfg=CFG,
+                  mask_NxT=jnp.repeat(mask, g, 0), cache=ref)
   want = []
   for i in range(5):
-    logits, ref = apply(params, steps[:, i:i + 1], cfg=CFG, cache=ref)
+    logits, ref = _apply(params, steps[:, i:i + 1], cfg=CFG, cache=ref)
     want.append(logits)
   # Segments: the prompt once, then chunks of 2 and 3 own slots.
   prompt_cache = transformer.init_cache(CFG, b, 6)
-  _, prompt_cache = apply(params, prompts, cfg=CFG, mask_NxT=mask, cache=prompt_cache)
+  _, prompt_cache = _apply(params, prompts, cfg=CFG, mask_NxT=mask, cache=prompt_cache)
   shared = (transformer.freeze(prompt_cache),)
   cache = transformer.init_cache(CFG, b * g, 2, frozen=shared,
                                  pos_N=jnp.repeat(prompt_cache.pos_N, g))
   got = []
   for i in range(2):
-    logits, cache = apply(params, steps[:, i:i + 1], cfg=CFG, cache=cache)
+    logits, cache = _apply(params, steps[:, i:i + 1], cfg=CFG, cache=cache)
     got.append(logits)
   history = transformer.freeze(cache)
   cache = transformer.init_cache(CFG, b * g, 2, frozen=shared + (history,), pos_N=cache.pos_N)
-  logits, cache = apply(params, steps[:, 2:4], cfg=CFG, cache=cache)  # T = 2 at once.
+  logits, cache = _apply(params, steps[:, 2:4], cfg=CFG, cache=cache)  # T = 2 at once.
   got.append(logits)
   history = transformer.freeze(cache, after=history)
   assert history.mask_AxS.shape == (b * g, 4)
   cache = transformer.init_cache(CFG, b * g, 1, frozen=shared + (history,), pos_N=cache.pos_N)
-  logits, cache = apply(params, steps[:, 4:5], cfg=CFG, cache=cache)
+  logits, cache = _apply(params, steps[:, 4:5], cfg=CFG, cache=cache)
   got.append(logits)
   np.testing.assert_allclose(jnp.concatenate(got, 1), jnp.concatenate(want, 1), atol=1e-5,
                              rtol=1e-5)

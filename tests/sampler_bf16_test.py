@@ -17,6 +17,9 @@ CFG = transformer.ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=6
                               num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True)
 BF16 = 'bfloat16'
 
+# The teacher-forced references, jitted: eager, each primitive compiles on its own.
+_apply = jax.jit(transformer.apply, static_argnames=('cfg',))
+
 
 @pytest.fixture(scope='module')
 def params():
@@ -45,7 +48,7 @@ def prompts():
 def _teacher_forced(params, rollout, temperature=1.0):
   """The learner's fp32 log-probs of the rollout's tokens."""
   tokens, mask = sampler.sequences(rollout)
-  logits = transformer.apply(params, tokens, cfg=CFG, mask_NxT=mask)[0] / temperature
+  logits = _apply(params, tokens, cfg=CFG, mask_NxT=mask)[0] / temperature
   p = rollout.prompts.tokens_BxP.shape[1]
   lp = jnp.take_along_axis(jax.nn.log_softmax(logits[:, p - 1:-1], -1),
                            rollout.tokens_NxL[..., None], -1)[..., 0]
@@ -60,8 +63,8 @@ def _assert_well_separated(params, rollout):
   bf16_cfg = CFG.replace(param_dtype=BF16, compute_dtype=BF16)
   bf16_params = jax.tree.map(lambda x: x.astype(BF16), params)
   p = rollout.prompts.tokens_BxP.shape[1]
-  f32_NxLxV = transformer.apply(params, tokens, cfg=CFG, mask_NxT=mask)[0][:, p - 1:-1]
-  bf16_NxLxV = transformer.apply(bf16_params, tokens, cfg=bf16_cfg, mask_NxT=mask)[0][:, p - 1:-1]
+  f32_NxLxV = _apply(params, tokens, cfg=CFG, mask_NxT=mask)[0][:, p - 1:-1]
+  bf16_NxLxV = _apply(bf16_params, tokens, cfg=bf16_cfg, mask_NxT=mask)[0][:, p - 1:-1]
   sampled = np.asarray(rollout.mask_NxL)
   top2_NxLx2 = jax.lax.top_k(f32_NxLxV, 2)[0]
   margin = np.asarray(top2_NxLx2[..., 0] - top2_NxLx2[..., 1])[sampled].min()

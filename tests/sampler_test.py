@@ -15,6 +15,9 @@ from rlreason.structs import Prefixes
 CFG = transformer.ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=2,
                         num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True)
 
+# The teacher-forced references, jitted: eager, each primitive compiles on its own.
+_apply = jax.jit(transformer.apply, static_argnames=('cfg',))
+
 
 @pytest.fixture(scope='module')
 def params():
@@ -30,7 +33,7 @@ def prompts():
 
 def _teacher_forced(params, rollout, temperature):
   tokens, mask = sampler.sequences(rollout)
-  logits = transformer.apply(params, tokens, cfg=CFG, mask_NxT=mask)[0] / temperature
+  logits = _apply(params, tokens, cfg=CFG, mask_NxT=mask)[0] / temperature
   logp = jax.nn.log_softmax(logits, -1)
   p = rollout.prompts.tokens_BxP.shape[1]
   # Completion token l is predicted by position p + l - 1.
@@ -45,7 +48,7 @@ def test_greedy_is_deterministic_and_matches_argmax(params, prompts):
   np.testing.assert_array_equal(a.tokens_NxL, b.tokens_NxL)
   # Each greedy token is the argmax of a full forward over the sequence before it.
   tokens, mask = sampler.sequences(a)
-  logits = transformer.apply(params, tokens, cfg=CFG, mask_NxT=mask)[0]
+  logits = _apply(params, tokens, cfg=CFG, mask_NxT=mask)[0]
   p = prompts.tokens_BxP.shape[1]
   np.testing.assert_array_equal(jnp.argmax(logits[:, p - 1:-1], -1), a.tokens_NxL)
 
@@ -97,7 +100,7 @@ def _first_token_counts(params, *, samples, **kw):
   prompts = sampler.prepare_prompts([[1, 2, 3]], buckets=(4,))
   r = sampler.generate(params, prompts, cfg=CFG, group_size=samples, max_new_tokens=1,
                        rng=jax.random.key(6), **kw)
-  logits = transformer.apply(params, prompts.tokens_BxP, cfg=CFG, mask_NxT=prompts.mask_BxP)[0][0, -1]
+  logits = _apply(params, prompts.tokens_BxP, cfg=CFG, mask_NxT=prompts.mask_BxP)[0][0, -1]
   return np.bincount(np.asarray(r.tokens_NxL[:, 0]), minlength=CFG.vocab_size), logits
 
 

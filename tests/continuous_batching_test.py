@@ -1,6 +1,8 @@
 """Continuous batching: the static sampler's tokens for the same per-row streams, whole groups,
 exact log-probs, one compilation, and clear errors for bad slot counts and budgets."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,11 +44,16 @@ def both(params, prompts):
 
 def _teacher_forced(params, rollout, temperature):
   tokens, mask = sampler.sequences(rollout)
+  return _teacher_forced_lp(params, tokens, mask, rollout.tokens_NxL, rollout.mask_NxL,
+                            temperature, p=rollout.prompts.tokens_BxP.shape[1])
+
+
+@functools.partial(jax.jit, static_argnames='p')  # One compilation (op by op: one per primitive).
+def _teacher_forced_lp(params, tokens, mask, sampled_NxL, mask_NxL, temperature, *, p):
   logits = transformer.apply(params, tokens, cfg=CFG, mask_NxT=mask)[0] / temperature
-  p = rollout.prompts.tokens_BxP.shape[1]
   lp = jnp.take_along_axis(jax.nn.log_softmax(logits[:, p - 1:-1], -1),
-                           rollout.tokens_NxL[..., None], -1)[..., 0]
-  return jnp.where(rollout.mask_NxL, lp, 0.0)
+                           sampled_NxL[..., None], -1)[..., 0]
+  return jnp.where(mask_NxL, lp, 0.0)
 
 
 def _assert_same(a, b):

@@ -51,7 +51,7 @@ def test_turn_ratio_two_turn_hand_case():
   np.testing.assert_allclose(w, [[0.5, 0.5, 0, 0.5, 0.5, 0], [0] * 6], atol=1e-7)
   np.testing.assert_allclose(m['sorl/turns_mean'], 1.5)
   np.testing.assert_allclose(m['clip_frac'], 4 / 6, rtol=1e-6)
-  grad = jax.grad(lambda x: jnp.sum(_sorl(x)[0]))(lp)
+  grad = jax.jit(jax.grad(lambda x: jnp.sum(_sorl(x)[0])))(lp)
   np.testing.assert_allclose(grad, [[0.860708, 0.860708, 0, 0, 0, 0], [0] * 6], rtol=1e-5,
                              atol=1e-7)
   np.testing.assert_allclose(run(turn_ratio='exact')[0][0], [0.8, 0.8, 0, 0.8, 0.8, 0],

@@ -184,9 +184,9 @@ def test_train_step_normalises_by_the_global_sum_of_the_weights(episode_batch):
                         advantages_NxL=jnp.where(batch.loss_mask_NxL, 1.0, 0.0))
   lp = run.logprobs(state.params, batch.tokens_NxT, batch.mask_NxT,
                     batch.loss_mask_NxL.shape[1]).logprobs_NxT
-  loss, w, _ = losses.sorl(lp, batch.old_logprobs_NxL, batch.advantages_NxL,
-                           batch.loss_mask_NxL, turn_ids_NxL=batch.turn_ids_NxL, num_turns=2,
-                           **dict(objective.loss_kwargs))
+  sorl = jax.jit(functools.partial(losses.sorl, num_turns=2, **dict(objective.loss_kwargs)))
+  loss, w, _ = sorl(lp, batch.old_logprobs_NxL, batch.advantages_NxL, batch.loss_mask_NxL,
+                    turn_ids_NxL=batch.turn_ids_NxL)  # Jitted: one compilation, not one per op.
   tokens, den = float(batch.loss_mask_NxL.sum()), float(jnp.sum(w))
   # Rows 0-3 lose their first turns' weight, rows 4-7 keep all: the micro-batches' own sums
   # differ, so a per-micro-batch normaliser would give another loss than this.

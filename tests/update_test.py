@@ -101,15 +101,16 @@ def test_ratio_one_gradient_is_reinforce(state):
   batch = batch.replace(old_logprobs_NxL=fresh)
   objective = update.Objective()
   den = batch.loss_mask_NxL.sum()
-  g_ppo = jax.grad(lambda p: update.loss_fn(p, batch, den, cfg=CFG, objective=objective)[0])(
-      state.params)
+  # Jitted: eager, every primitive of the forward and backward compiles on its own.
+  g_ppo = jax.jit(jax.grad(
+      lambda p: update.loss_fn(p, batch, den, cfg=CFG, objective=objective)[0]))(state.params)
 
   def reinforce(p):
     lp = update.completion_stats(p, batch.tokens_NxT, batch.mask_NxT, cfg=CFG,
                                  completion_len=L).logprobs_NxT
     return -jnp.sum(jnp.where(batch.loss_mask_NxL, batch.advantages_NxL * lp, 0)) / den
 
-  chex.assert_trees_all_close(g_ppo, jax.grad(reinforce)(state.params), atol=1e-6)
+  chex.assert_trees_all_close(g_ppo, jax.jit(jax.grad(reinforce))(state.params), atol=1e-6)
 
 
 def test_unknown_objective_names_list_the_known_ones():

@@ -43,6 +43,12 @@ def _logits(params, tokens, cfg):
   return transformer.apply(params, tokens, cfg=cfg)[0]
 
 
+# Reference forwards outside the variant under test, jitted: eager, each primitive compiles
+# on its own.
+_jit_logits = jax.jit(_logits, static_argnums=2)
+_jit_apply = jax.jit(transformer.apply, static_argnames=('cfg',))
+
+
 class MergeTest(chex.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
@@ -81,8 +87,8 @@ class MergeTest(chex.TestCase):
     outs = []
     for p in (params, merged):
       cache = transformer.init_cache(CFG, 2, 12)
-      _, cache = transformer.apply(p, tokens[:, :8], cfg=CFG, cache=cache)
-      outs.append(transformer.apply(p, tokens[:, 8:], cfg=CFG, cache=cache)[0])
+      _, cache = _jit_apply(p, tokens[:, :8], cfg=CFG, cache=cache)
+      outs.append(_jit_apply(p, tokens[:, 8:], cfg=CFG, cache=cache)[0])
     np.testing.assert_array_equal(outs[1], outs[0])
 
   @chex.variants(with_jit=True, without_jit=True)
@@ -157,14 +163,15 @@ class MergeTest(chex.TestCase):
       adapter = lora.init(CFG, lora_cfg, jax.random.key(5))
       merged = self.variant(lambda b, a, c=lora_cfg: lora.merge(b, a, CFG, c))(base, adapter)
       deq = lora.dequantize_base(base, CFG)
-      np.testing.assert_array_equal(_logits(merged, tokens, CFG), _logits(deq, tokens, CFG))
+      np.testing.assert_array_equal(_jit_logits(merged, tokens, CFG),
+                                    _jit_logits(deq, tokens, CFG))
       for path in lora.target_paths(CFG, lora_cfg):
         w, q = lora._get(params, path), lora._get(base, path)
         bound = quantize.max_error(q) * (1 + 1e-6)
         assert bool(jnp.all(jnp.abs(lora._get(merged, path) - w) <= bound)), (mode, path)
       # Gradients still reach A and B through the dequantised base.
-      g = jax.grad(lambda a, c=lora_cfg: _logits(lora.merge(base, a, CFG, c), tokens, CFG)
-                   .sum())(_random_adapter(CFG, lora_cfg))
+      loss = lambda a, c=lora_cfg: _logits(lora.merge(base, a, CFG, c), tokens, CFG).sum()
+      g = jax.jit(jax.grad(loss))(_random_adapter(CFG, lora_cfg))
       assert all(float(jnp.abs(x).max()) > 0 for x in jax.tree.leaves(g))
 
 

@@ -31,6 +31,9 @@ CFG = transformer.ModelConfig(vocab_size=TOK.vocab_size, hidden_size=32, interme
 LORA = lora.LoraConfig(rank=4, alpha=8.0)
 HAND = {'open': np.array([1, 2], np.int32), 'close': np.array([3, 4], np.int32)}
 
+# The reference forwards, jitted: eager, each primitive compiles on its own.
+_apply = jax.jit(transformer.apply, static_argnames=('cfg',))
+
 
 def _noisy(tree, seed, std=0.1):
   leaves, treedef = jax.tree.flatten(tree)
@@ -92,12 +95,12 @@ def test_one_route_everywhere_equals_merged_lora_with_that_adapter(model):
   params = dart.attach(base, adapters, HAND, LORA.scale)
   tokens = jax.random.randint(jax.random.key(3), (2, 9), 0, CFG.vocab_size)
   mask = jnp.ones(tokens.shape, bool).at[0, :2].set(False)
-  base_logits = transformer.apply(base, tokens, cfg=CFG, mask_NxT=mask)[0]
+  base_logits = _apply(base, tokens, cfg=CFG, mask_NxT=mask)[0]
   for name, route in (('reason', False), ('tool', True)):
-    routed = transformer.apply(params, tokens, cfg=CFG, mask_NxT=mask,
-                               route_NxT=jnp.full(tokens.shape, route))[0]
-    merged = transformer.apply(lora.merge(base, adapters[name], CFG, LORA), tokens, cfg=CFG,
-                               mask_NxT=mask)[0]
+    routed = _apply(params, tokens, cfg=CFG, mask_NxT=mask,
+                    route_NxT=jnp.full(tokens.shape, route))[0]
+    merged = _apply(lora.merge(base, adapters[name], CFG, LORA), tokens, cfg=CFG,
+                    mask_NxT=mask)[0]
     np.testing.assert_allclose(routed[mask], merged[mask], atol=2e-5)
     assert float(jnp.abs(routed - base_logits)[mask].max()) > 1e-2  # The adapters matter.
 
@@ -107,7 +110,7 @@ def test_cached_decode_with_carried_routes_equals_the_full_forward(model):
   params = dart.attach(base, adapters, HAND, LORA.scale)
   tokens = jnp.asarray([[5, 1, 2, 6, 6, 3, 4, 7, 8], [0, 5, 6, 1, 2, 9, 9, 9, 3]])
   mask = jnp.asarray(tokens != 0)
-  full = transformer.apply(params, tokens, cfg=CFG, mask_NxT=mask)[0]
+  full = _apply(params, tokens, cfg=CFG, mask_NxT=mask)[0]
 
   @jax.jit
   def feed(cache, state, tokens_NxT, mask_NxT):

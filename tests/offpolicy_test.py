@@ -284,7 +284,10 @@ def test_decoupled_ppo_in_the_train_step_is_plain_ppo_when_behaviour_is_proximal
         s, b, cfg=CFG, objective=o, optimizer=opt, micro_batches=2))(state, batch))
   (plain, m_plain), (decoupled, m_decoupled) = out
   np.testing.assert_array_equal(m_decoupled['loss'], m_plain['loss'])
-  chex.assert_trees_all_equal(decoupled.params, plain.params)
+  # Two programs that XLA may fuse differently (the decoupled one multiplies by weights of
+  # exactly 1): the updated params agree to the last bit or two (the loop emitter left 14
+  # of 1280 embedding entries one ulp apart), far below any real difference.
+  chex.assert_trees_all_close(decoupled.params, plain.params, rtol=1e-6, atol=0)
   assert float(m_decoupled['offpolicy/weight_mean']) == 1.0
 
 

@@ -12,8 +12,6 @@ import jax
 import numpy as np
 import pytest
 
-from verifiers_sandbox_escapes_test import children_of
-
 from rlreason import config as config_lib
 from rlreason.rl import checkpoint
 from rlreason.rl import metrics
@@ -199,6 +197,8 @@ def test_config_json_is_written_after_init_and_kept_when_a_resume_fails(tmp_path
   assert written['config']['rl']['steps'] == 1 and written['git_commit']
   other = tiny_config(steps=2)
   other.model.arch.hidden_size = 64
+  # Imported here: checkpoint_crash_test loads this file by path, without tests/ on sys.path.
+  from verifiers_sandbox_escapes_test import children_of  # pylint: disable=g-import-not-at-top
   before = children_of(os.getpid())
   with pytest.raises(checkpoint.CheckpointMismatchError,
                      match=r'model.arch.hidden_size: 32 -> 64(.|\n)*new --workdir'):

@@ -26,6 +26,7 @@ import time
 import pytest
 
 from rlreason import verifiers
+from rlreason import workdir_paths
 from rlreason.envs import artist
 from rlreason.envs import base as env_base
 from rlreason.envs import calculator
@@ -110,6 +111,8 @@ PATTERNS = {
     'envs.formats._TAGS_CALL': (lambda t: list(formats._TAGS_CALL.finditer(t)),
                                 ('<call>', '</call>', '<call>a:')),
     'envs.formats._TAGS_BODY': (_fn(formats._TAGS_BODY, 'fullmatch'), ('a', ' a', 'a:', 'a.')),
+    # A --workdir's scheme (the user's flag, not model output): anchored, one class run.
+    'workdir_paths._SCHEME': (workdir_paths.scheme, ('gs:/', 'a+b.c-d', 'a')),
     'envs.calculator._DECIMAL': (_fn(calculator._DECIMAL, 'fullmatch'), ('1', '.', '1.', 'e1')),
     'envs.tasks._REF': (_fn(env_tasks._REF, 'fullmatch'), ('$1', '$', '[0]')),
     'envs.patient._ACTION': (_fn(patient._ACTION, 'fullmatch'),
@@ -230,6 +233,7 @@ SCANNED = {
     'envs/tasks.py': 1,  # envs/tasks: gold call references, not model output.
     'envs/patient.py': 1, 'envs/slate_rules.py': 1, 'rollout/slate_judge.py': 1,
     'envs/artist.py': 1, 'rollout/scribe.py': 2,  # scribe: the libraries' claim patterns.
+    'workdir_paths.py': 1,  # a workdir's scheme (audited above).
 }
 _CALL = re.compile(r'\bre\.(?:compile|search|match|fullmatch|findall|finditer|split|subn?)\(')
 

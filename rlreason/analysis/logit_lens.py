@@ -53,7 +53,7 @@ def residual_stream(params, tokens_NxT, *, cfg: transformer.ModelConfig, mask_Nx
   x_NxTxD = patched(0, x_NxTxD)
   stream = [x_NxTxD]
   for i in range(cfg.num_layers):
-    x_NxTxD, _ = model.layers[str(i)](x_NxTxD, rope, mask_NxT, None)
+    x_NxTxD, _, _ = model.layers[str(i)](x_NxTxD, rope, mask_NxT, None)  # (x, kv, routes)
     x_NxTxD = patched(i + 1, x_NxTxD)
     stream.append(x_NxTxD)
   return stream

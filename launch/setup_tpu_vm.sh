@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepares one TPU VM worker (tpu_vm.sh setup runs it on every worker): a venv with
-# `pip install .[tpu]`. Idempotent: a second run with the same setup.py does nothing.
+# `pip install .[tpu,gcs]` (gcs: a gs:// workdir). Idempotent: a second run with the same
+# setup.py does nothing.
 #
 #   bash launch/setup_tpu_vm.sh [CHECKOUT_DIR] [--dry-run]
 #
@@ -25,6 +26,6 @@ if [[ -f $stamp && $(cat "$stamp") == "$want" ]] && (( ! dry_run )); then
 fi
 [[ -x $venv/bin/python ]] || run python3 -m venv "$venv"
 run "$venv/bin/pip" install --upgrade pip
-run "$venv/bin/pip" install "$dir[tpu]"
+run "$venv/bin/pip" install "$dir[tpu,gcs]"
 run "$venv/bin/python" -c 'import jax; print(jax.process_index(), jax.device_count(), jax.devices()[0].device_kind)'
 if (( dry_run )); then printf '%q ' sh -c "echo $want > $stamp"; echo; else echo "$want" > "$stamp"; fi

@@ -80,7 +80,7 @@ def test_setup_tpu_vm_installs_the_tpu_extra(tmp_path):
   (tmp_path / 'setup.py').write_text('# stand-in checkout\n')
   _, lines = _lines('bash', LAUNCH / 'setup_tpu_vm.sh', tmp_path, '--dry-run')
   assert lines[0] == ['python3', '-m', 'venv', f'{tmp_path}/.venv']
-  assert [f'{tmp_path}/.venv/bin/pip', 'install', f'{tmp_path}[tpu]'] in lines
+  assert [f'{tmp_path}/.venv/bin/pip', 'install', f'{tmp_path}[tpu,gcs]'] in lines
 
 
 _SWEEP_EXPERIMENT = '''

@@ -51,8 +51,11 @@ demo-tools: $(VENV)/.installed
 	$(PY) -m experiments.demo_tools_report --config experiments/demo_tools.py:$(SEED) \
 	  --workdir $(WORKDIR)
 
+# --capture=sys: what C++ code writes to fd 2 (an XLA check's message before an abort) reaches
+# the log; with fd capture it died with the aborted worker. --timeout: a hang fails its test.
 test: $(VENV)/.installed-test system-deps
-	$(PY) -m pytest tests -q -n 2 --dist loadfile --no-loadscope-reorder --timeout=900 --timeout-method=thread
+	$(PY) -m pytest tests -q -n 2 --dist loadfile --no-loadscope-reorder --capture=sys \
+	  --timeout=900 --timeout-method=thread
 
 bench: $(VENV)/.installed-test
 	$(PY) -m experiments.bench.forward

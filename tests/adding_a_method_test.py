@@ -37,8 +37,13 @@ def doc_modules(tmp_path, monkeypatch):
   for name, code in doc_files().items():
     (tmp_path / name).write_text(code)
   monkeypatch.syspath_prepend(str(tmp_path))
+  from rlreason.objectives import advantages  # pylint: disable=g-import-not-at-top
+  estimators = dict(advantages.ESTIMATORS)
   yield tmp_path
   extensions.unregister('shortest_bonus')
+  # The page's estimator leaves the registry (every_option_test checks the registry's cases).
+  advantages.ESTIMATORS.clear()
+  advantages.ESTIMATORS.update(estimators)
   for name in doc_files():
     sys.modules.pop(name[:-3], None)
 

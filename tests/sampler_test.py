@@ -197,6 +197,7 @@ def test_chunked_decode_equals_one_loop(params, prompts):
 
 
 def test_no_recompilation_within_a_bucket(params, monkeypatch):
+  chex.clear_trace_counter()  # chex counts by function across tests (failed in reversed order).
   monkeypatch.setattr(sampler, '_generate', chex.assert_max_traces(sampler._generate, n=1))
   sampler._generate_fn.cache_clear()
   for i, rows in enumerate([[[1, 2]], [[3, 4, 5]], [[6]]]):  # All fit bucket 4.
